@@ -1,0 +1,84 @@
+"""Rendering of CLI results: one line of sorted JSON, or a text table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+__all__ = ["emit"]
+
+_TASK_COLUMNS = (
+    "id",
+    "status",
+    "delivery_status",
+    "owner",
+    "tenant",
+    "attempt_count",
+    "llm_calls_used",
+    "llm_calls_budget",
+)
+
+
+def _json_line(payload: Any) -> str:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> list[str]:
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    return lines
+
+
+def _flatten(mapping: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    flat: list[tuple[str, Any]] = []
+    for key in sorted(mapping):
+        value = mapping[key]
+        if isinstance(value, dict):
+            flat += _flatten(value, f"{prefix}{key}.")
+        else:
+            flat.append((f"{prefix}{key}", value))
+    return flat
+
+
+def _pairs(mapping: dict[str, Any]) -> list[str]:
+    flat = _flatten(mapping)
+    width = max((len(k) for k, _ in flat), default=0)
+    return [f"{key.ljust(width)}  {_cell(value)}" for key, value in flat]
+
+
+def _text(payload: dict[str, Any]) -> list[str]:
+    body = {k: v for k, v in payload.items() if k != "ok"}
+    lines: list[str] = []
+    for key, value in body.items():
+        if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            lines.append(f"{key}: {len(value)}")
+            if value:
+                lines += _table(value, _TASK_COLUMNS if key == "tasks" else tuple(value[0]))
+        elif isinstance(value, dict):
+            lines.append(f"{key}:")
+            lines += [f"  {line}" for line in _pairs(value)]
+        else:
+            lines.append(f"{key}: {_cell(value)}")
+    return lines
+
+
+def emit(payload: dict[str, Any], fmt: str = "json", stream: TextIO | None = None) -> None:
+    """Write ``payload`` as one JSON line (sorted keys) or as readable text."""
+    out = stream if stream is not None else sys.stdout
+    if fmt == "text":
+        out.write("\n".join(_text(payload)) + "\n")
+    else:
+        out.write(_json_line(payload) + "\n")

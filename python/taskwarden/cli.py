@@ -1,0 +1,196 @@
+"""taskwarden: the task-state ledger for AI-agent fleets, from the shell.
+
+Every command prints one line of JSON with sorted keys (or a readable table
+with --format text). Exit codes: 0 ok, 1 unhealthy doctor, 2 ledger error
+(bad input, conflict, busy, missing task), 3 internal error. Rejected
+arguments are never echoed back.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from . import __version__
+from ._output import emit
+from .errors import InvalidInput, LedgerError
+from .ledger import Ledger
+from .models import DeliveryStatus, TaskStatus
+
+__all__ = ["build_parser", "main"]
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_LEDGER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+
+_TERMINAL = [s.value for s in TaskStatus if s.is_terminal]
+_DELIVERY = [s.value for s in DeliveryStatus if s is not DeliveryStatus.PENDING]
+
+
+class SafeArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose errors never echo what was typed."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InvalidInput("invalid command-line arguments")
+
+
+def _common() -> argparse.ArgumentParser:
+    common = SafeArgumentParser(add_help=False)
+    common.add_argument(
+        "--format", choices=["json", "text"], default="json", help="output format (default json)"
+    )
+    return common
+
+
+def _add_lifecycle(sub: Any, common: argparse.ArgumentParser) -> None:
+    sub.add_parser("init", parents=[common], help="create (or migrate) the ledger file")
+
+    create = sub.add_parser("create", parents=[common], help="create a task (idempotent by id)")
+    create.add_argument("--task-id", help="caller-chosen UUID")
+    create.add_argument("--parent-id", help="UUID of an existing parent task")
+    create.add_argument("--payload-sha256", help="lowercase SHA-256 of the payload (never the payload)")
+    create.add_argument("--timeout-seconds", type=float, help="deadline after each start")
+    create.add_argument("--internal", action="store_true", help="no direct delivery expected")
+    create.add_argument("--tenant", help="tenant id: 1-128 of [A-Za-z0-9._:@-]")
+    create.add_argument("--llm-calls-budget", type=int, default=25, help="LLM-call limit (default 25)")
+    create.add_argument("--unlimited-calls", action="store_true", help="no LLM-call limit")
+    create.add_argument("--token-budget", type=int, help="token limit (default unlimited)")
+    create.add_argument("--cost-budget-micros", type=int, help="cost limit in micro-units")
+    create.add_argument("--max-attempts", type=int, default=3, help="claims before escalation")
+
+    for name, text in (("start", "queued -> running"), ("get", "show one task")):
+        command = sub.add_parser(name, parents=[common], help=text)
+        command.add_argument("task_id")
+
+    heartbeat = sub.add_parser("heartbeat", parents=[common], help="mark a running task alive")
+    heartbeat.add_argument("task_id")
+    _add_fence(heartbeat)
+
+    close = sub.add_parser("close", parents=[common], help="move a task to a terminal status")
+    close.add_argument("task_id")
+    close.add_argument("--status", required=True, choices=_TERMINAL)
+    close.add_argument("--code", help="reason code from the registry")
+    _add_fence(close)
+
+    delivery = sub.add_parser("delivery", parents=[common], help="record a delivery outcome")
+    delivery.add_argument("task_id")
+    delivery.add_argument("--status", required=True, choices=_DELIVERY)
+    delivery.add_argument("--code", help="reason code from the registry")
+
+
+def _add_fence(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--worker", help="refuse unless this worker holds the claim")
+    command.add_argument("--attempt", type=int, help="refuse unless this is the current attempt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (commands are added per capability)."""
+    parser = SafeArgumentParser(prog="taskwarden", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--db", help="path of the ledger file")
+    parser.add_argument(
+        "--allow-external-acl",
+        action="store_true",
+        help="confirm an externally secured directory on platforms without POSIX modes",
+    )
+    parser.add_argument("--busy-timeout-ms", type=int, default=5000, help="lock wait (default 5000)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_lifecycle(sub, _common())
+    return parser
+
+
+def _open(args: argparse.Namespace, *, read_only: bool = False) -> Ledger:
+    if args.db is None:
+        raise InvalidInput("--db is required for this command")
+    return Ledger(
+        args.db,
+        allow_external_acl=args.allow_external_acl,
+        busy_timeout_ms=args.busy_timeout_ms,
+        read_only=read_only,
+    )
+
+
+def _task(task: Any) -> dict[str, Any]:
+    return {"ok": True, "task": task.to_dict()}
+
+
+def _cmd_init(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return {"ok": True, "storage": ledger.storage_info()}
+
+
+def _cmd_create(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return _task(
+            ledger.create_task(
+                task_id=args.task_id,
+                parent_id=args.parent_id,
+                payload_hash=args.payload_sha256,
+                timeout_seconds=args.timeout_seconds,
+                delivery_required=not args.internal,
+                tenant=args.tenant,
+                llm_calls_budget=None if args.unlimited_calls else args.llm_calls_budget,
+                token_budget=args.token_budget,
+                cost_budget_micros=args.cost_budget_micros,
+                max_attempts=args.max_attempts,
+            )
+        )
+
+
+def _cmd_start(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return _task(ledger.start_task(args.task_id))
+
+
+def _cmd_get(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return _task(ledger.get_task(args.task_id))
+
+
+def _cmd_heartbeat(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return _task(ledger.heartbeat(args.task_id, worker=args.worker, attempt=args.attempt))
+
+
+def _cmd_close(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return _task(
+            ledger.close_task(
+                args.task_id, args.status, code=args.code, worker=args.worker, attempt=args.attempt
+            )
+        )
+
+
+def _cmd_delivery(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return _task(ledger.set_delivery(args.task_id, args.status, code=args.code))
+
+
+Command = Callable[[argparse.Namespace], dict[str, Any]]
+
+COMMANDS: dict[str, Command] = {
+    "init": _cmd_init,
+    "create": _cmd_create,
+    "start": _cmd_start,
+    "get": _cmd_get,
+    "heartbeat": _cmd_heartbeat,
+    "close": _cmd_close,
+    "delivery": _cmd_delivery,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code."""
+    fmt = "json"
+    try:
+        args = build_parser().parse_args(argv)
+        fmt = getattr(args, "format", "json")
+        payload = COMMANDS[args.command](args)
+        healthy = payload.pop("_healthy", True)
+        emit(payload, fmt)
+        return EXIT_OK if healthy else EXIT_UNHEALTHY
+    except LedgerError as exc:
+        emit({"ok": False, "error": type(exc).__name__}, fmt)
+        return EXIT_LEDGER_ERROR
+    except Exception:
+        emit({"ok": False, "error": "InternalError"}, fmt)
+        return EXIT_INTERNAL

@@ -1,0 +1,29 @@
+"""The exception classes of taskwarden.
+
+Messages are fixed strings: they never contain ids, paths, hashes or values
+that a caller passed in, so they are safe to log.
+"""
+
+from __future__ import annotations
+
+__all__ = ["InvalidInput", "LedgerBusy", "LedgerError", "StateConflict", "TaskNotFound"]
+
+
+class LedgerError(Exception):
+    """Base class of every error the ledger raises on purpose."""
+
+
+class InvalidInput(LedgerError, ValueError):
+    """A caller value was refused; nothing was written."""
+
+
+class TaskNotFound(LedgerError, LookupError):
+    """The task (or the parent named at creation) does not exist."""
+
+
+class StateConflict(LedgerError):
+    """The stored state does not allow the operation."""
+
+
+class LedgerBusy(StateConflict):
+    """Another writer held the lock for longer than ``busy_timeout_ms``."""

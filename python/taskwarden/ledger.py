@@ -1,0 +1,176 @@
+"""The ``Ledger``: one SQLite file holding every task's state."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from . import _core
+from .errors import InvalidInput
+from .models import DeliveryStatus, Task, TaskStatus
+
+__all__ = ["Clock", "Ledger"]
+
+Clock = Callable[[], float]
+
+
+def _geteuid() -> int:
+    return os.geteuid() if hasattr(os, "geteuid") else 0
+
+
+class Ledger:
+    """An embedded, crash-honest task-state ledger.
+
+    Parameters (all but ``path`` keyword-only):
+
+    - ``path``: the database file (``str`` or ``os.PathLike``). Created with
+      mode 0600 in a private directory; links are refused.
+    - ``clock``: returns Unix seconds; ``time.time`` by default. Read once per
+      write, inside the transaction.
+    - ``busy_timeout_ms``: how long a writer waits for the lock before
+      ``LedgerBusy`` (default 5000).
+    - ``allow_external_acl``: confirms an externally secured directory on
+      platforms without POSIX modes (accepted and ignored on POSIX).
+    - ``read_only``: open an existing ledger without creating, migrating or
+      touching anything; reads and dry runs only.
+    - ``durability``: ``"normal"`` (``synchronous=NORMAL``, the default) or
+      ``"full"`` (every commit reaches the disk before it returns).
+    - ``snapshot_max_bytes``: the largest file a read-only open copies into
+      memory (64 MiB by default).
+
+    Use it as a context manager, or call ``close()``, to release the file.
+    """
+
+    SCHEMA_VERSION: int = _core.SCHEMA_VERSION
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = time.time,
+        busy_timeout_ms: int = 5000,
+        allow_external_acl: bool = False,
+        read_only: bool = False,
+        durability: str = "normal",
+        snapshot_max_bytes: int = _core.DEFAULT_SNAPSHOT_MAX_BYTES,
+    ) -> None:
+        try:
+            raw = os.fspath(path)
+        except TypeError:
+            raise InvalidInput("database path is invalid") from None
+        if not isinstance(raw, str) or not callable(clock):
+            raise InvalidInput("database path is invalid" if not isinstance(raw, str) else "clock must be callable")
+        self._core = _core.LedgerCore(
+            raw,
+            busy_timeout_ms=busy_timeout_ms,
+            durability=durability,
+            read_only=read_only,
+            allow_external_acl=allow_external_acl,
+            snapshot_max_bytes=snapshot_max_bytes,
+            clock=None if clock is time.time else clock,
+            euid=_geteuid(),
+        )
+        absolute = Path(os.path.abspath(raw))
+        self.path = absolute.parent.resolve(strict=False) / absolute.name
+
+    @classmethod
+    def in_memory(cls, *, clock: Clock = time.time, busy_timeout_ms: int = 5000) -> Ledger:
+        """A private ledger that lives in memory only (for tests)."""
+        if not callable(clock):
+            raise InvalidInput("clock must be callable")
+        ledger = cls.__new__(cls)
+        ledger._core = _core.LedgerCore.in_memory(
+            busy_timeout_ms=busy_timeout_ms, clock=None if clock is time.time else clock
+        )
+        ledger.path = None  # type: ignore[assignment]
+        return ledger
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the connection; later calls raise ``StateConflict``."""
+        self._core.close()
+
+    def create_task(
+        self,
+        *,
+        parent_id: str | None = None,
+        payload_hash: str | None = None,
+        timeout_seconds: float | None = None,
+        delivery_required: bool = True,
+        task_id: str | None = None,
+        tenant: str | None = None,
+        llm_calls_budget: int | None = 25,
+        token_budget: int | None = None,
+        cost_budget_micros: int | None = None,
+        max_attempts: int = 3,
+    ) -> Task:
+        """Create a queued task, or return it unchanged when the same id is
+        created again with the same immutable fields."""
+        return Task._from_core(
+            self._core.create_task(
+                task_id=task_id,
+                parent_id=parent_id,
+                payload_hash=payload_hash,
+                timeout_seconds=timeout_seconds,
+                delivery_required=delivery_required,
+                tenant=tenant,
+                llm_calls_budget=llm_calls_budget,
+                token_budget=token_budget,
+                cost_budget_micros=cost_budget_micros,
+                max_attempts=max_attempts,
+            )
+        )
+
+    def get_task(self, task_id: str) -> Task:
+        """The task with this id."""
+        return Task._from_core(self._core.get_task(task_id))
+
+    def children_of(self, task_id: str) -> list[Task]:
+        """Direct children, oldest first."""
+        return [Task._from_core(row) for row in self._core.children_of(task_id)]
+
+    def start_task(self, task_id: str) -> Task:
+        """queued -> running without an owner; a running task is returned as is."""
+        return Task._from_core(self._core.start_task(task_id))
+
+    def heartbeat(self, task_id: str, *, worker: str | None = None, attempt: int | None = None) -> Task:
+        """Mark a running task alive. ``worker``/``attempt`` fence off stale claims."""
+        return Task._from_core(self._core.heartbeat(task_id, worker=worker, attempt=attempt))
+
+    def close_task(
+        self,
+        task_id: str,
+        status: TaskStatus | str,
+        *,
+        code: str | None = None,
+        worker: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """Move a task to a terminal status; the same status again is a no-op."""
+        return Task._from_core(
+            self._core.close_task(task_id, status, code=code, worker=worker, attempt=attempt)
+        )
+
+    def set_delivery(
+        self, task_id: str, status: DeliveryStatus | str, *, code: str | None = None
+    ) -> Task:
+        """Record a terminal task's delivery outcome."""
+        return Task._from_core(self._core.set_delivery(task_id, status, code=code))
+
+    def storage_info(self) -> dict[str, Any]:
+        """Journal mode, busy timeout, foreign keys, permission model, durability."""
+        return dict(self._core.storage_info())

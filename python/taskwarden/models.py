@@ -1,0 +1,125 @@
+"""Value types: statuses and the immutable ``Task`` snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["DeliveryStatus", "Task", "TaskStatus"]
+
+
+class TaskStatus(StrEnum):
+    """A task's lifecycle status (SPEC §3)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    BLOCKED = "blocked"
+    ESCALATED = "escalated"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for succeeded, failed, timed_out and cancelled."""
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset(
+    {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.TIMED_OUT, TaskStatus.CANCELLED}
+)
+
+
+class DeliveryStatus(StrEnum):
+    """Whether a task's result reached its recipient."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    NOT_APPLICABLE = "not_applicable"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One task as stored, at the moment it was read.
+
+    The first sixteen fields are task-state-guard 0.1.0's, in its order; the
+    rest are taskwarden's owner, attempt and budget fields. ``None`` budgets
+    are unlimited. ``park_code`` says why a blocked or escalated task waits.
+    """
+
+    id: str
+    parent_id: str | None
+    status: TaskStatus
+    delivery_status: DeliveryStatus
+    delivery_required: bool
+    payload_hash: str | None
+    timeout_seconds: float | None
+    created_at: float
+    started_at: float | None
+    updated_at: float
+    ended_at: float | None
+    deadline_at: float | None
+    delivery_updated_at: float
+    terminal_code: str | None
+    delivery_code: str | None
+    version: int
+    tenant: str | None = None
+    owner: str | None = None
+    park_code: str | None = None
+    attempt_count: int = 0
+    max_attempts: int = 3
+    llm_calls_used: int = 0
+    llm_calls_budget: int | None = None
+    tokens_used: int = 0
+    token_budget: int | None = None
+    cost_used_micros: int = 0
+    cost_budget_micros: int | None = None
+
+    @classmethod
+    def _from_core(cls, row: tuple[Any, ...]) -> Task:
+        fields = list(row)
+        fields[2] = TaskStatus(fields[2])
+        fields[3] = DeliveryStatus(fields[3])
+        return cls(*fields)
+
+    def to_dict(self, *, include_payload_hash: bool = False) -> dict[str, Any]:
+        """The task as plain JSON-ready values.
+
+        The payload hash is left out (``has_payload_hash`` says whether there
+        is one) unless ``include_payload_hash=True``.
+        """
+        out: dict[str, Any] = {
+            "id": self.id,
+            "parent_id": self.parent_id,
+            "status": self.status.value,
+            "delivery_status": self.delivery_status.value,
+            "delivery_required": self.delivery_required,
+            "has_payload_hash": self.payload_hash is not None,
+            "timeout_seconds": self.timeout_seconds,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "updated_at": self.updated_at,
+            "ended_at": self.ended_at,
+            "deadline_at": self.deadline_at,
+            "delivery_updated_at": self.delivery_updated_at,
+            "terminal_code": self.terminal_code,
+            "delivery_code": self.delivery_code,
+            "version": self.version,
+            "tenant": self.tenant,
+            "owner": self.owner,
+            "park_code": self.park_code,
+            "attempt_count": self.attempt_count,
+            "max_attempts": self.max_attempts,
+            "llm_calls_used": self.llm_calls_used,
+            "llm_calls_budget": self.llm_calls_budget,
+            "tokens_used": self.tokens_used,
+            "token_budget": self.token_budget,
+            "cost_used_micros": self.cost_used_micros,
+            "cost_budget_micros": self.cost_budget_micros,
+        }
+        if include_payload_hash:
+            out["payload_hash"] = self.payload_hash
+        return out

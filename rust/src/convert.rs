@@ -1,0 +1,207 @@
+//! Python values in, Python values out. Each argument is checked for its
+//! type here (bool is never a number, a str is never bytes) and then handed
+//! to the pure validators; each row goes back as a flat tuple.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
+
+use crate::errors::{Error, Result};
+use crate::fsm::{DeliveryStatus, TaskStatus};
+use crate::store::StorageInfo;
+use crate::task::TaskRow;
+use crate::validate;
+
+/// A required task id in any form the peer accepts, canonicalised.
+pub fn task_id(obj: &Bound<'_, PyAny>) -> Result<String> {
+    validate::canonical_uuid(&text(obj, "task id must be a UUID")?)
+}
+
+/// An optional task id.
+pub fn opt_task_id(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>> {
+    match obj {
+        Some(o) if !o.is_none() => task_id(o).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn text(obj: &Bound<'_, PyAny>, bad: &'static str) -> Result<String> {
+    let s = obj.cast::<PyString>().map_err(|_| Error::Invalid(bad))?;
+    Ok(s.to_cow().map_err(|_| Error::Invalid(bad))?.into_owned())
+}
+
+/// An optional string argument that must be a `str` when given.
+pub fn opt_text(obj: Option<&Bound<'_, PyAny>>, bad: &'static str) -> Result<Option<String>> {
+    match obj {
+        Some(o) if !o.is_none() => text(o, bad).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// A tenant or worker name.
+pub fn name(obj: &Bound<'_, PyAny>) -> Result<String> {
+    let s = text(
+        obj,
+        "tenant and worker names must be 1-128 characters of [A-Za-z0-9._:@-]",
+    )?;
+    validate::name(&s)?;
+    Ok(s)
+}
+
+/// An optional tenant or worker name.
+pub fn opt_name(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>> {
+    match obj {
+        Some(o) if !o.is_none() => name(o).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// An optional payload fingerprint.
+pub fn opt_payload_hash(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>> {
+    let hash = opt_text(obj, "payload hash must be 64 lowercase hex characters")?;
+    if let Some(h) = &hash {
+        validate::payload_hash(h)?;
+    }
+    Ok(hash)
+}
+
+/// A strict bool (the peer refuses `1` for a flag).
+pub fn flag(obj: &Bound<'_, PyAny>) -> Result<bool> {
+    obj.cast::<PyBool>()
+        .map(pyo3::types::PyBoolMethods::is_true)
+        .map_err(|_| Error::Invalid("flag must be a bool"))
+}
+
+/// A non-negative number of seconds: anything `float()` accepts except a
+/// bool, finite and at least 0 (the peer's rule).
+pub fn seconds(obj: &Bound<'_, PyAny>) -> Result<f64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(Error::Invalid("number must not be a bool"));
+    }
+    let as_float = obj
+        .py()
+        .get_type::<PyFloat>()
+        .call1((obj,))
+        .and_then(|f| f.extract::<f64>())
+        .map_err(|_| Error::Invalid("number is not valid"))?;
+    validate::non_negative_seconds(as_float)
+}
+
+/// Optional seconds.
+pub fn opt_seconds(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<f64>> {
+    match obj {
+        Some(o) if !o.is_none() => seconds(o).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// A non-negative signed 64-bit integer: an int, or a float with no
+/// fractional part; never a bool, a string, NaN or infinity.
+pub fn amount(obj: &Bound<'_, PyAny>) -> Result<i64> {
+    const BAD: Error = Error::Invalid("amount must be a non-negative 64-bit integer");
+    if obj.is_instance_of::<PyBool>() {
+        return Err(BAD);
+    }
+    let value = if obj.is_instance_of::<PyInt>() {
+        obj.extract::<i64>().map_err(|_| BAD)?
+    } else if let Ok(f) = obj.cast::<PyFloat>() {
+        let v = f.value();
+        // 2^63 is exactly representable; anything at or above it overflows.
+        if !v.is_finite() || v.fract() != 0.0 || !(0.0..9_223_372_036_854_775_808.0).contains(&v) {
+            return Err(BAD);
+        }
+        v as i64
+    } else {
+        return Err(BAD);
+    };
+    validate::non_negative_int(value).map_err(|_| BAD)
+}
+
+/// An optional amount (None = unlimited).
+pub fn opt_amount(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<i64>> {
+    match obj {
+        Some(o) if !o.is_none() => amount(o).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// A task status (or alias).
+pub fn task_status(obj: &Bound<'_, PyAny>) -> Result<TaskStatus> {
+    TaskStatus::parse(&text(obj, "unknown task status")?)
+}
+
+/// A delivery status.
+pub fn delivery_status(obj: &Bound<'_, PyAny>) -> Result<DeliveryStatus> {
+    DeliveryStatus::parse(&text(obj, "unknown delivery status")?)
+}
+
+/// A clock reading: whatever `float()` makes of it, finite.
+pub fn timestamp(obj: &Bound<'_, PyAny>) -> Result<f64> {
+    let value = obj
+        .py()
+        .get_type::<PyFloat>()
+        .call1((obj,))
+        .and_then(|f| f.extract::<f64>())
+        .map_err(|_| Error::Invalid("clock returned an invalid timestamp"))?;
+    validate::timestamp(value)
+}
+
+/// Bytes to fingerprint: `str` (UTF-8) or `bytes`, nothing else.
+pub fn payload_bytes(obj: &Bound<'_, PyAny>) -> Result<Vec<u8>> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(s
+            .to_cow()
+            .map_err(|_| Error::Invalid("payload must be str or bytes"))?
+            .as_bytes()
+            .to_vec());
+    }
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    Err(Error::Invalid("payload must be str or bytes"))
+}
+
+/// A task as the flat tuple `Task._from_core` expects.
+pub fn task_tuple<'py>(py: Python<'py>, t: &TaskRow) -> PyResult<Bound<'py, PyTuple>> {
+    let items: Vec<Bound<'py, PyAny>> = vec![
+        t.id.as_str().into_pyobject(py)?.into_any(),
+        t.parent_id.as_deref().into_pyobject(py)?,
+        t.status.as_str().into_pyobject(py)?.into_any(),
+        t.delivery_status.as_str().into_pyobject(py)?.into_any(),
+        PyBool::new(py, t.delivery_required).to_owned().into_any(),
+        t.payload_hash.as_deref().into_pyobject(py)?,
+        t.timeout_seconds.into_pyobject(py)?,
+        t.created_at.into_pyobject(py)?.into_any(),
+        t.started_at.into_pyobject(py)?,
+        t.updated_at.into_pyobject(py)?.into_any(),
+        t.ended_at.into_pyobject(py)?,
+        t.deadline_at.into_pyobject(py)?,
+        t.delivery_updated_at.into_pyobject(py)?.into_any(),
+        t.terminal_code.as_deref().into_pyobject(py)?,
+        t.delivery_code.as_deref().into_pyobject(py)?,
+        t.version.into_pyobject(py)?.into_any(),
+        t.tenant.as_deref().into_pyobject(py)?,
+        t.owner.as_deref().into_pyobject(py)?,
+        t.park_code.as_deref().into_pyobject(py)?,
+        t.attempt_count.into_pyobject(py)?.into_any(),
+        t.max_attempts.into_pyobject(py)?.into_any(),
+        t.usage.calls.into_pyobject(py)?.into_any(),
+        t.limits.calls.into_pyobject(py)?,
+        t.usage.tokens.into_pyobject(py)?.into_any(),
+        t.limits.tokens.into_pyobject(py)?,
+        t.usage.cost_micros.into_pyobject(py)?.into_any(),
+        t.limits.cost_micros.into_pyobject(py)?,
+    ];
+    PyTuple::new(py, items)
+}
+
+/// `storage_info()` as a dict.
+pub fn storage_dict<'py>(py: Python<'py>, info: &StorageInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("journal_mode", &info.journal_mode)?;
+    d.set_item("busy_timeout_ms", info.busy_timeout_ms)?;
+    d.set_item("foreign_keys", info.foreign_keys)?;
+    d.set_item("permission_model", info.permission_model)?;
+    d.set_item("durability", info.durability)?;
+    d.set_item("synchronous", info.synchronous)?;
+    Ok(d)
+}

@@ -1,0 +1,126 @@
+//! The one error type of the core, and its single mapping to Python exceptions.
+//!
+//! Every message is a fixed string: no id, path, hash or caller value ever
+//! reaches a message (SPEC §2.4), so errors can be logged without leaking.
+
+use std::fmt;
+
+use pyo3::PyErr;
+
+/// Everything that can go wrong inside the core.
+#[derive(Debug)]
+pub enum Error {
+    /// The caller passed a bad value; nothing was written.
+    Invalid(&'static str),
+    /// The task (or the parent named at creation) does not exist.
+    NotFound,
+    /// The stored state does not allow the operation.
+    Conflict(&'static str),
+    /// Another connection held the write lock past `busy_timeout_ms`.
+    Busy,
+    /// The storage refused a write for lack of space.
+    Full,
+    /// The file is not a usable ledger (corrupt, not a database).
+    Corrupt,
+    /// Any other storage failure: reported without SQLite's text.
+    Storage(&'static str),
+    /// A bug or an impossible state: CLI exit 3.
+    Internal(&'static str),
+}
+
+/// The `Result` of the core.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Invalid(msg) | Error::Conflict(msg) | Error::Internal(msg) => f.write_str(msg),
+            Error::Storage(msg) => write!(f, "storage failure: {msg}"),
+            Error::NotFound => f.write_str("task not found"),
+            Error::Busy => f.write_str("ledger is busy: write lock not acquired in time"),
+            Error::Full => f.write_str("storage is full: nothing was written"),
+            Error::Corrupt => f.write_str("database file is corrupt or not a ledger"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<rusqlite::Error> for Error {
+    fn from(err: rusqlite::Error) -> Self {
+        use rusqlite::ffi::ErrorCode;
+        match err.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Busy,
+            Some(ErrorCode::DiskFull) => Error::Full,
+            Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => Error::Corrupt,
+            Some(ErrorCode::ReadOnly) => Error::Conflict("ledger is read-only"),
+            Some(ErrorCode::ConstraintViolation) => {
+                Error::Conflict("stored task metadata failed validation")
+            }
+            Some(ErrorCode::SystemIoFailure) => Error::Storage("i/o error"),
+            Some(ErrorCode::CannotOpen) => Error::Storage("database cannot be opened"),
+            Some(ErrorCode::OutOfMemory) => Error::Storage("out of memory"),
+            Some(ErrorCode::OperationInterrupted) => Error::Storage("operation interrupted"),
+            Some(_) => Error::Storage("database operation failed"),
+            None => Error::Internal("internal storage error"),
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(err: std::io::Error) -> Self {
+        match err.kind() {
+            std::io::ErrorKind::StorageFull => Error::Full,
+            std::io::ErrorKind::PermissionDenied => {
+                Error::Invalid("database path is not accessible")
+            }
+            _ => Error::Storage("file system operation failed"),
+        }
+    }
+}
+
+mod py {
+    pyo3::import_exception!(taskwarden.errors, LedgerError);
+    pyo3::import_exception!(taskwarden.errors, InvalidInput);
+    pyo3::import_exception!(taskwarden.errors, TaskNotFound);
+    pyo3::import_exception!(taskwarden.errors, StateConflict);
+    pyo3::import_exception!(taskwarden.errors, LedgerBusy);
+}
+
+impl From<Error> for PyErr {
+    fn from(err: Error) -> PyErr {
+        let msg = err.to_string();
+        match err {
+            Error::Invalid(_) => py::InvalidInput::new_err(msg),
+            Error::NotFound => py::TaskNotFound::new_err(msg),
+            Error::Conflict(_) | Error::Corrupt => py::StateConflict::new_err(msg),
+            Error::Busy => py::LedgerBusy::new_err(msg),
+            Error::Full | Error::Storage(_) => py::LedgerError::new_err(msg),
+            Error::Internal(_) => pyo3::exceptions::PyRuntimeError::new_err(msg),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_and_locked_map_to_busy() {
+        for code in [rusqlite::ffi::SQLITE_BUSY, rusqlite::ffi::SQLITE_LOCKED] {
+            let err = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+            assert!(matches!(Error::from(err), Error::Busy));
+        }
+    }
+
+    #[test]
+    fn full_disk_maps_to_full() {
+        let err = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("secret detail".into()),
+        );
+        let mapped = Error::from(err);
+        assert!(matches!(mapped, Error::Full));
+        assert!(!mapped.to_string().contains("secret"));
+    }
+}

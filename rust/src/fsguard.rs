@@ -1,0 +1,280 @@
+//! File-system safety for the ledger file (SPEC §7): private modes, no
+//! links at the database name or its sidecars, a private parent, and a
+//! stable file identity so a replaced database is noticed.
+
+use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use crate::errors::{Error, Result};
+
+/// The database file and its resolved parent directory.
+#[derive(Clone, Debug)]
+pub struct DbPath {
+    pub file: PathBuf,
+    pub parent: PathBuf,
+}
+
+/// Device and inode of the database file, recorded at open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// What SQLite's sidecar files say about the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sidecars {
+    /// None present: the file was closed cleanly.
+    Closed,
+    /// Both `-wal` and `-shm`: a live WAL database.
+    LiveWal,
+    /// A `-journal`, or one of the WAL pair without the other.
+    Incomplete,
+}
+
+const SIDECAR_SUFFIXES: [&str; 3] = ["-journal", "-wal", "-shm"];
+
+/// Makes `raw` absolute, follows links in the existing ancestors (as the
+/// peer does) and keeps the final name literal.
+pub fn resolve(raw: &str) -> Result<DbPath> {
+    if raw.is_empty() || raw.contains('\0') || raw == ":memory:" {
+        return Err(Error::Invalid("database path is invalid"));
+    }
+    let absolute =
+        std::path::absolute(raw).map_err(|_| Error::Invalid("database path is invalid"))?;
+    let name = match absolute.components().next_back() {
+        Some(Component::Normal(name)) if !raw.ends_with('/') => name.to_owned(),
+        _ => return Err(Error::Invalid("database path is invalid")),
+    };
+    let parent = resolve_lenient(absolute.parent().unwrap_or(Path::new("/")));
+    Ok(DbPath {
+        file: parent.join(name),
+        parent,
+    })
+}
+
+/// `canonicalize` for the longest existing prefix, the rest appended.
+fn resolve_lenient(path: &Path) -> PathBuf {
+    let mut existing = path.to_path_buf();
+    let mut rest: Vec<std::ffi::OsString> = Vec::new();
+    loop {
+        if let Ok(real) = fs::canonicalize(&existing) {
+            let mut out = real;
+            for part in rest.iter().rev() {
+                if part == ".." {
+                    out.pop();
+                } else if part != "." {
+                    out.push(part);
+                }
+            }
+            return out;
+        }
+        match (existing.components().next_back(), existing.parent()) {
+            (Some(last), Some(up)) => {
+                rest.push(last.as_os_str().to_owned());
+                existing = up.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+/// Walks every component of the parent: each must be a real directory (not
+/// a link). Missing ones are created with mode 0700 when `create` is set.
+pub fn prepare_parent(path: &DbPath, create: bool) -> Result<()> {
+    let mut current = PathBuf::new();
+    for part in path.parent.components() {
+        current.push(part);
+        match fs::symlink_metadata(&current) {
+            Ok(meta) if meta.file_type().is_dir() => {}
+            Ok(_) => return Err(Error::Invalid("database parent must be a real directory")),
+            Err(e) if e.kind() == ErrorKind::NotFound && create => {
+                match DirBuilder::new().mode(0o700).create(&current) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                    Err(_) => return Err(Error::Invalid("database parent cannot be created")),
+                }
+            }
+            Err(_) => return Err(Error::Invalid("database parent does not exist")),
+        }
+    }
+    Ok(())
+}
+
+/// The direct parent must belong to us and be writable by nobody else;
+/// every shared-writable ancestor must carry the sticky bit.
+pub fn check_parent_security(path: &DbPath, euid: u32) -> Result<()> {
+    const UNSAFE: Error = Error::Invalid("database parent permissions are unsafe");
+    let meta = fs::metadata(&path.parent).map_err(|_| UNSAFE)?;
+    if meta.uid() != euid || meta.mode() & 0o022 != 0 {
+        return Err(UNSAFE);
+    }
+    for ancestor in path.parent.ancestors().skip(1) {
+        let meta = fs::metadata(ancestor).map_err(|_| UNSAFE)?;
+        if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
+            return Err(UNSAFE);
+        }
+    }
+    Ok(())
+}
+
+fn is_single_regular(meta: &Metadata) -> bool {
+    meta.file_type().is_file() && meta.nlink() == 1 && meta.ino() != 0
+}
+
+/// Opens (creating when writable) the database file without following a
+/// link, checks it is one regular file with one name, sets mode 0600 (or,
+/// read-only, requires it) and returns its identity.
+pub fn prepare_file(path: &DbPath, writable: bool) -> Result<Identity> {
+    const NOT_REGULAR: Error = Error::Invalid("database path must be a regular file");
+    let before = match fs::symlink_metadata(&path.file) {
+        Ok(meta) if is_single_regular(&meta) => Some(meta),
+        Ok(_) => return Err(NOT_REGULAR),
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(e) => return Err(e.into()),
+    };
+    let file = match &before {
+        Some(_) => OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(&path.file)?,
+        None if !writable => return Err(Error::Invalid("read-only database must already exist")),
+        // O_EXCL refuses a link planted at the name, even a dangling one.
+        None => match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path.file)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => return prepare_file(path, writable),
+            Err(e) => return Err(e.into()),
+        },
+    };
+    let meta = file.metadata()?;
+    let same = before
+        .as_ref()
+        .is_none_or(|b| b.dev() == meta.dev() && b.ino() == meta.ino());
+    if !is_single_regular(&meta) || !same {
+        return Err(NOT_REGULAR);
+    }
+    secure_mode(&file, &meta, writable)?;
+    Ok(Identity {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    })
+}
+
+fn secure_mode(file: &File, meta: &Metadata, writable: bool) -> Result<()> {
+    if meta.mode() & 0o777 == 0o600 {
+        return Ok(());
+    }
+    if !writable {
+        return Err(Error::Invalid("read-only database must have mode 0600"));
+    }
+    file.set_permissions(fs::Permissions::from_mode(0o600))?;
+    if file.metadata()?.mode() & 0o777 != 0o600 {
+        return Err(Error::Invalid("database permissions cannot be secured"));
+    }
+    Ok(())
+}
+
+/// The file at the database name is still the one opened.
+pub fn verify_identity(path: &DbPath, identity: Identity) -> Result<()> {
+    match fs::symlink_metadata(&path.file) {
+        Ok(meta)
+            if is_single_regular(&meta)
+                && meta.dev() == identity.dev
+                && meta.ino() == identity.ino =>
+        {
+            Ok(())
+        }
+        _ => Err(Error::Conflict("database file identity changed")),
+    }
+}
+
+fn sidecar(path: &DbPath, suffix: &str) -> PathBuf {
+    let mut name = path.file.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Each sidecar that exists must be one regular file with one name and mode
+/// 0600; a writable ledger tightens the mode, a read-only one refuses.
+pub fn secure_sidecars(path: &DbPath, tighten: bool) -> Result<()> {
+    for suffix in SIDECAR_SUFFIXES {
+        let side = sidecar(path, suffix);
+        let meta = match fs::symlink_metadata(&side) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(_) => return Err(Error::Conflict("SQLite sidecar cannot be inspected safely")),
+        };
+        if meta.file_type().is_symlink() {
+            return Err(Error::Conflict(
+                "SQLite sidecar must not be a symbolic link",
+            ));
+        }
+        if !meta.file_type().is_file() {
+            return Err(Error::Conflict("SQLite sidecar must be a regular file"));
+        }
+        if meta.nlink() == 0 {
+            continue; // SQLite is removing it right now
+        }
+        if meta.nlink() > 1 {
+            return Err(Error::Conflict(
+                "SQLite sidecar must not have multiple links",
+            ));
+        }
+        if meta.mode() & 0o777 != 0o600 {
+            if !tighten {
+                return Err(Error::Conflict(
+                    "SQLite sidecar permissions cannot be secured",
+                ));
+            }
+            match fs::set_permissions(&side, fs::Permissions::from_mode(0o600)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(_) => {
+                    return Err(Error::Conflict(
+                        "SQLite sidecar permissions cannot be secured",
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Which sidecars exist (by `lstat`, so a link counts as present).
+#[must_use]
+pub fn sidecar_state(path: &DbPath) -> Sidecars {
+    let present = |suffix| fs::symlink_metadata(sidecar(path, suffix)).is_ok();
+    match (present("-journal"), present("-wal"), present("-shm")) {
+        (false, false, false) => Sidecars::Closed,
+        (false, true, true) => Sidecars::LiveWal,
+        _ => Sidecars::Incomplete,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_and_empty_paths_are_refused() {
+        for raw in ["", ":memory:", "a\0b", "dir/"] {
+            assert!(matches!(resolve(raw), Err(Error::Invalid(_))), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_become_absolute() -> Result<()> {
+        let p = resolve("some/missing/dir/ledger.db")?;
+        assert!(p.file.is_absolute());
+        assert!(p.file.ends_with("some/missing/dir/ledger.db"));
+        Ok(())
+    }
+}

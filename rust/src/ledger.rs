@@ -1,0 +1,302 @@
+//! `LedgerCore`, the Python-facing handle: it turns arguments into checked
+//! Rust values, runs each operation with the interpreter detached, and
+//! turns the result back into Python values afterwards.
+
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::convert;
+use crate::errors::{Error, Result};
+use crate::snapshot;
+use crate::store::{Durability, OpenOptions, Store};
+use crate::task::{Limits, TaskRow};
+use crate::tasks::{self, Clock, Fence, NewTask};
+
+/// One open ledger. Shareable across threads: the connection sits behind a
+/// mutex that is only ever taken with the interpreter detached.
+#[pyclass(frozen, module = "taskwarden._core")]
+pub struct LedgerCore {
+    store: Mutex<Option<Store>>,
+    /// `None` means the system clock; otherwise a Python callable.
+    clock: Option<Py<PyAny>>,
+}
+
+fn system_now() -> Result<f64> {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .map_err(|_| Error::Invalid("clock returned an invalid timestamp"))
+}
+
+impl LedgerCore {
+    fn now(&self) -> Result<f64> {
+        match &self.clock {
+            None => system_now(),
+            Some(clock) => Python::attach(|py| {
+                let value = clock
+                    .bind(py)
+                    .call0()
+                    .map_err(|_| Error::Invalid("clock failed"))?;
+                convert::timestamp(&value)
+            }),
+        }
+    }
+
+    /// Runs `op` on the store with the interpreter detached.
+    fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        op: impl FnOnce(&mut Store, Clock<'_>) -> Result<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| {
+            let mut guard = self
+                .store
+                .lock()
+                .map_err(|_| Error::Internal("ledger lock poisoned"))?;
+            let store = guard.as_mut().ok_or(Error::Conflict("ledger is closed"))?;
+            let clock = || self.now();
+            op(store, &clock)
+        })
+        .map_err(PyErr::from)
+    }
+
+    fn write_task<'py>(
+        &self,
+        py: Python<'py>,
+        op: impl FnOnce(&rusqlite::Transaction<'_>, Clock<'_>) -> Result<TaskRow> + Send,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let row = self.run(py, |store, clock| store.write(|tx| op(tx, clock)))?;
+        convert::task_tuple(py, &row)
+    }
+}
+
+fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) -> Result<Fence> {
+    Ok(Fence {
+        worker: convert::opt_name(worker)?,
+        attempt: convert::opt_amount(attempt)?,
+    })
+}
+
+#[pymethods]
+impl LedgerCore {
+    /// Opens (and creates, migrates, secures) the ledger at `path`.
+    #[new]
+    #[pyo3(signature = (path, *, busy_timeout_ms, durability, read_only, allow_external_acl,
+                        snapshot_max_bytes, clock, euid))]
+    fn new(
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        busy_timeout_ms: &Bound<'_, PyAny>,
+        durability: &Bound<'_, PyAny>,
+        read_only: &Bound<'_, PyAny>,
+        allow_external_acl: &Bound<'_, PyAny>,
+        snapshot_max_bytes: &Bound<'_, PyAny>,
+        clock: Option<Py<PyAny>>,
+        euid: u32,
+    ) -> PyResult<LedgerCore> {
+        let path = convert::opt_text(Some(path), "database path is invalid")?
+            .ok_or(Error::Invalid("database path is invalid"))?;
+        let busy = convert::amount(busy_timeout_ms)?;
+        let opts = OpenOptions {
+            busy_timeout_ms: u32::try_from(busy)
+                .map_err(|_| Error::Invalid("busy_timeout_ms is too large"))?,
+            durability: Durability::parse(
+                &convert::opt_text(Some(durability), "durability must be 'normal' or 'full'")?
+                    .unwrap_or_default(),
+            )?,
+            read_only: convert::flag(read_only)?,
+            allow_external_acl: convert::flag(allow_external_acl)?,
+            snapshot_max_bytes: convert::opt_amount(Some(snapshot_max_bytes))?
+                .map_or(snapshot::DEFAULT_MAX_BYTES, |v| v as u64),
+            euid,
+        };
+        let store = py.detach(|| Store::open(&path, &opts))?;
+        Ok(LedgerCore {
+            store: Mutex::new(Some(store)),
+            clock,
+        })
+    }
+
+    /// A private in-memory ledger (for tests).
+    #[staticmethod]
+    #[pyo3(signature = (*, busy_timeout_ms, clock))]
+    fn in_memory(
+        busy_timeout_ms: &Bound<'_, PyAny>,
+        clock: Option<Py<PyAny>>,
+    ) -> PyResult<LedgerCore> {
+        let busy = u32::try_from(convert::amount(busy_timeout_ms)?)
+            .map_err(|_| Error::Invalid("busy_timeout_ms is too large"))?;
+        Ok(LedgerCore {
+            store: Mutex::new(Some(Store::in_memory(busy)?)),
+            clock,
+        })
+    }
+
+    /// Releases the connection; later calls raise `StateConflict`.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| {
+            let mut guard = self
+                .store
+                .lock()
+                .map_err(|_| Error::Internal("ledger lock poisoned"))?;
+            guard.take();
+            Ok::<(), Error>(())
+        })?;
+        Ok(())
+    }
+
+    #[pyo3(signature = (*, task_id, parent_id, payload_hash, timeout_seconds, delivery_required,
+                        tenant, llm_calls_budget, token_budget, cost_budget_micros, max_attempts))]
+    fn create_task<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: Option<&Bound<'py, PyAny>>,
+        parent_id: Option<&Bound<'py, PyAny>>,
+        payload_hash: Option<&Bound<'py, PyAny>>,
+        timeout_seconds: Option<&Bound<'py, PyAny>>,
+        delivery_required: &Bound<'py, PyAny>,
+        tenant: Option<&Bound<'py, PyAny>>,
+        llm_calls_budget: Option<&Bound<'py, PyAny>>,
+        token_budget: Option<&Bound<'py, PyAny>>,
+        cost_budget_micros: Option<&Bound<'py, PyAny>>,
+        max_attempts: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let new = NewTask {
+            id: convert::opt_task_id(task_id)?,
+            parent_id: convert::opt_task_id(parent_id)?,
+            payload_hash: convert::opt_payload_hash(payload_hash)?,
+            timeout_seconds: convert::opt_seconds(timeout_seconds)?,
+            delivery_required: convert::flag(delivery_required)?,
+            tenant: convert::opt_name(tenant)?,
+            limits: Limits {
+                calls: convert::opt_amount(llm_calls_budget)?,
+                tokens: convert::opt_amount(token_budget)?,
+                cost_micros: convert::opt_amount(cost_budget_micros)?,
+            },
+            max_attempts: convert::amount(max_attempts)?,
+        };
+        if new.id.is_some() && new.id == new.parent_id {
+            return Err(Error::Invalid("a task cannot be its own parent").into());
+        }
+        self.write_task(py, |tx, clock| tasks::create(tx, &new, clock))
+    }
+
+    fn get_task<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let row = self.run(py, |store, _| store.read(|tx| tasks::get(tx, &id)))?;
+        convert::task_tuple(py, &row)
+    }
+
+    fn children_of<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let id = convert::task_id(task_id)?;
+        let rows = self.run(py, |store, _| store.read(|tx| tasks::children(tx, &id)))?;
+        let items = rows
+            .iter()
+            .map(|r| convert::task_tuple(py, r))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    fn start_task<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        self.write_task(py, |tx, clock| tasks::start(tx, &id, clock))
+    }
+
+    #[pyo3(signature = (task_id, *, worker=None, attempt=None))]
+    fn heartbeat<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        worker: Option<&Bound<'py, PyAny>>,
+        attempt: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let fence = fence(worker, attempt)?;
+        self.write_task(py, |tx, clock| tasks::heartbeat(tx, &id, &fence, clock))
+    }
+
+    #[pyo3(signature = (task_id, status, *, code=None, worker=None, attempt=None))]
+    fn close_task<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        status: &Bound<'py, PyAny>,
+        code: Option<&Bound<'py, PyAny>>,
+        worker: Option<&Bound<'py, PyAny>>,
+        attempt: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let to = convert::task_status(status)?;
+        if !to.is_terminal() {
+            return Err(Error::Invalid("close status must be terminal").into());
+        }
+        // A code is only judged when it would be written (peer rule), but it
+        // must at least be text.
+        let code = convert::opt_text(code, "reason code has an invalid format")?;
+        let fence = fence(worker, attempt)?;
+        self.write_task(py, |tx, clock| {
+            tasks::close(tx, &id, to, code.as_deref(), &fence, clock)
+        })
+    }
+
+    #[pyo3(signature = (task_id, status, *, code=None))]
+    fn set_delivery<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        status: &Bound<'py, PyAny>,
+        code: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let to = convert::delivery_status(status)?;
+        if !to.is_terminal() {
+            return Err(Error::Invalid("delivery status must be terminal").into());
+        }
+        let code = convert::opt_text(code, "reason code has an invalid format")?;
+        self.write_task(py, |tx, clock| {
+            tasks::set_delivery(tx, &id, to, code.as_deref(), clock)
+        })
+    }
+
+    fn storage_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let info = self.run(py, |store, _| store.info())?;
+        convert::storage_dict(py, &info)
+    }
+
+    /// True for a read-only handle.
+    fn is_read_only(&self, py: Python<'_>) -> PyResult<bool> {
+        self.run(py, |store, _| Ok(store.is_read_only()))
+    }
+}
+
+/// SHA-256 of a payload (`str` as UTF-8, or `bytes`), lowercase hex.
+#[pyfunction]
+pub fn payload_fingerprint(payload: &Bound<'_, PyAny>) -> PyResult<String> {
+    use sha2::{Digest, Sha256};
+    let bytes = convert::payload_bytes(payload)?;
+    Ok(crate::schema::hex(&Sha256::digest(&bytes)))
+}
+
+/// True when SPEC §3's table has the edge `from -> to` (aliases accepted).
+#[pyfunction]
+pub fn can_transition(from: &Bound<'_, PyAny>, to: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(crate::fsm::can_transition(
+        convert::task_status(from)?,
+        convert::task_status(to)?,
+    ))
+}

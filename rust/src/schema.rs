@@ -1,0 +1,488 @@
+//! The v3 schema, its exact fingerprint, and the one-transaction migration
+//! of task-state-guard 0.1.0 files (schema v1 and v2).
+//!
+//! The peer refuses any file whose schema objects differ from its own by a
+//! single token, so taskwarden's additions live under a new version number:
+//! a v3 file is ours alone, and the README says so.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use rusqlite::{params, Connection, Transaction};
+use sha2::{Digest, Sha256};
+
+use crate::errors::{Error, Result};
+use crate::events;
+use crate::fsm::{self, DeliveryStatus, TaskStatus};
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = 3;
+
+/// The fingerprint of task-state-guard 0.1.0's DDL (v1 and v2 share it);
+/// an interop constant, so a peer file is recognised before it is migrated.
+pub const PEER_FINGERPRINT: &str =
+    "50ae209ec97afb360e142cfae85767f575acc2a065103f5b642bfd0c141e08f6";
+
+const PEER_OBJECTS: [&str; 6] = [
+    "schema_meta",
+    "task_events",
+    "tasks",
+    "tasks_delivery_idx",
+    "tasks_parent_idx",
+    "tasks_status_idx",
+];
+
+/// The v3 DDL. Statement text is part of the fingerprint: change nothing
+/// here without a new schema version and a migration.
+pub const DDL: &str = "
+CREATE TABLE schema_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE tasks (
+    id TEXT PRIMARY KEY,
+    parent_id TEXT REFERENCES tasks(id),
+    status TEXT NOT NULL CHECK (
+        status IN ('queued','running','blocked','escalated',
+                   'succeeded','failed','timed_out','cancelled')
+    ),
+    delivery_status TEXT NOT NULL CHECK (
+        delivery_status IN ('pending','delivered','failed','not_applicable')
+    ),
+    delivery_required INTEGER NOT NULL CHECK (delivery_required IN (0,1)),
+    payload_hash TEXT CHECK (
+        payload_hash IS NULL OR (
+            length(payload_hash) = 64 AND payload_hash NOT GLOB '*[^0-9a-f]*'
+        )
+    ),
+    timeout_seconds REAL CHECK (timeout_seconds IS NULL OR timeout_seconds >= 0),
+    created_at REAL NOT NULL,
+    started_at REAL,
+    updated_at REAL NOT NULL,
+    ended_at REAL,
+    deadline_at REAL,
+    delivery_updated_at REAL NOT NULL,
+    terminal_code TEXT,
+    delivery_code TEXT,
+    version INTEGER NOT NULL DEFAULT 0 CHECK (version >= 0),
+    tenant TEXT CHECK (tenant IS NULL OR length(tenant) BETWEEN 1 AND 128),
+    owner TEXT CHECK (owner IS NULL OR length(owner) BETWEEN 1 AND 128),
+    park_code TEXT,
+    attempt_count INTEGER NOT NULL DEFAULT 0 CHECK (attempt_count >= 0),
+    max_attempts INTEGER NOT NULL DEFAULT 3 CHECK (max_attempts >= 0),
+    llm_calls_used INTEGER NOT NULL DEFAULT 0 CHECK (llm_calls_used >= 0),
+    llm_calls_budget INTEGER CHECK (llm_calls_budget IS NULL OR llm_calls_budget >= 0),
+    tokens_used INTEGER NOT NULL DEFAULT 0 CHECK (tokens_used >= 0),
+    token_budget INTEGER CHECK (token_budget IS NULL OR token_budget >= 0),
+    cost_used_micros INTEGER NOT NULL DEFAULT 0 CHECK (cost_used_micros >= 0),
+    cost_budget_micros INTEGER CHECK (cost_budget_micros IS NULL OR cost_budget_micros >= 0),
+    event_head TEXT NOT NULL CHECK (length(event_head) = 64),
+    CHECK (parent_id IS NULL OR parent_id <> id),
+    CHECK (deadline_at IS NULL OR started_at IS NOT NULL),
+    CHECK (
+        (status IN ('queued','running','blocked','escalated') AND ended_at IS NULL) OR
+        (status IN ('succeeded','failed','timed_out','cancelled') AND ended_at IS NOT NULL)
+    )
+);
+CREATE TABLE task_events (
+    sequence INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL REFERENCES tasks(id),
+    event_kind TEXT NOT NULL CHECK (
+        event_kind IN ('created','task_transition','delivery_transition','budget_granted')
+    ),
+    from_value TEXT,
+    to_value TEXT NOT NULL,
+    occurred_at REAL NOT NULL,
+    code TEXT,
+    worker TEXT,
+    grant_calls INTEGER,
+    grant_tokens INTEGER,
+    grant_cost_micros INTEGER,
+    event_hash TEXT NOT NULL CHECK (length(event_hash) = 64)
+);
+CREATE INDEX tasks_parent_idx ON tasks(parent_id);
+CREATE INDEX tasks_status_idx ON tasks(status, updated_at);
+CREATE INDEX tasks_delivery_idx ON tasks(delivery_status, ended_at);
+CREATE INDEX tasks_queue_idx ON tasks(created_at, id) WHERE status = 'queued';
+CREATE INDEX tasks_tenant_queue_idx ON tasks(tenant, created_at, id)
+    WHERE status = 'queued' AND tenant IS NOT NULL;
+CREATE INDEX tasks_owner_idx ON tasks(owner) WHERE owner IS NOT NULL;
+CREATE INDEX task_events_task_idx ON task_events(task_id);
+";
+
+/// What an existing file holds, judged before anything is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// No schema objects at all: a new or empty file.
+    Empty,
+    /// A task-state-guard 0.1.0 file at version 1 or 2.
+    Peer(i64),
+    /// A current taskwarden file.
+    Current,
+}
+
+/// The fingerprint of the schema objects in `conn`'s main database: SHA-256
+/// over the compact JSON list of `[type, name, tbl_name, sql]`, with runs of
+/// white space in `sql` folded to one space (the peer's algorithm).
+pub fn fingerprint(conn: &Connection) -> Result<String> {
+    let mut stmt = conn.prepare(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master \
+         WHERE name NOT LIKE 'sqlite_%' AND sql IS NOT NULL ORDER BY type, name",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut json = String::from("[");
+    let mut first = true;
+    while let Some(row) = rows.next()? {
+        if !first {
+            json.push(',');
+        }
+        first = false;
+        json.push('[');
+        for i in 0..4 {
+            if i > 0 {
+                json.push(',');
+            }
+            let text: String = row.get(i)?;
+            let text = if i == 3 {
+                text.split_whitespace().collect::<Vec<_>>().join(" ")
+            } else {
+                text
+            };
+            push_json_string(&mut json, &text);
+        }
+        json.push(']');
+    }
+    json.push(']');
+    Ok(hex(&Sha256::digest(json.as_bytes())))
+}
+
+/// The fingerprint of a fresh v3 schema, computed once per process.
+pub fn current_fingerprint() -> Result<&'static str> {
+    static FP: OnceLock<String> = OnceLock::new();
+    if let Some(fp) = FP.get() {
+        return Ok(fp);
+    }
+    let conn = Connection::open_in_memory()?;
+    conn.execute_batch(DDL)?;
+    let fp = fingerprint(&conn)?;
+    Ok(FP.get_or_init(|| fp))
+}
+
+/// Lowercase hex of a digest.
+#[must_use]
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// JSON string escaping as Python's `json.dumps(ensure_ascii=True)` does it.
+fn push_json_string(out: &mut String, text: &str) {
+    use std::fmt::Write;
+    out.push('"');
+    for ch in text.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || (c as u32) > 0x7e => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Reads `schema_meta` and the object set, and says what the file is.
+/// Anything that is neither empty, nor an exact peer file, nor an exact v3
+/// file is refused: a ledger never guesses at a schema.
+pub fn inspect(conn: &Connection) -> Result<Found> {
+    let names: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if names.is_empty() {
+        return Ok(Found::Empty);
+    }
+    const MISMATCH: Error = Error::Conflict("schema does not match");
+    if !names.iter().any(|n| n == "schema_meta") {
+        return Err(MISMATCH);
+    }
+    let meta = read_meta(conn)?;
+    let version = meta.get("schema_version").ok_or(MISMATCH)?;
+    let fp = fingerprint(conn)?;
+    match version.as_str() {
+        "3" => {
+            let exact = meta.len() == 2
+                && meta.get("schema_fingerprint").map(String::as_str)
+                    == Some(current_fingerprint()?)
+                && fp == current_fingerprint()?;
+            if exact {
+                Ok(Found::Current)
+            } else {
+                Err(MISMATCH)
+            }
+        }
+        "1" | "2" => {
+            let objects_ok = names
+                .iter()
+                .map(String::as_str)
+                .eq(PEER_OBJECTS.iter().copied());
+            let meta_ok = if version == "1" {
+                meta.len() == 1
+            } else {
+                meta.len() == 2
+                    && meta.get("schema_fingerprint").map(String::as_str) == Some(PEER_FINGERPRINT)
+            };
+            if objects_ok && meta_ok && fp == PEER_FINGERPRINT {
+                Ok(Found::Peer(if version == "1" { 1 } else { 2 }))
+            } else {
+                Err(MISMATCH)
+            }
+        }
+        _ => Err(Error::Conflict("unsupported schema version")),
+    }
+}
+
+fn read_meta(conn: &Connection) -> Result<HashMap<String, String>> {
+    let mut stmt = conn.prepare("SELECT key, value FROM schema_meta")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, rusqlite::types::Value>(0)?,
+            r.get::<_, rusqlite::types::Value>(1)?,
+        ))
+    })?;
+    let mut meta = HashMap::new();
+    for row in rows {
+        match row? {
+            (rusqlite::types::Value::Text(k), rusqlite::types::Value::Text(v)) => {
+                meta.insert(k, v);
+            }
+            _ => return Err(Error::Conflict("schema does not match")),
+        }
+    }
+    Ok(meta)
+}
+
+/// Creates the v3 schema in an empty database, inside `tx`.
+pub fn create(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute_batch(DDL)?;
+    write_meta(tx)
+}
+
+fn write_meta(tx: &Transaction<'_>) -> Result<()> {
+    tx.execute("DELETE FROM schema_meta", [])?;
+    tx.execute(
+        "INSERT INTO schema_meta(key, value) VALUES ('schema_version', ?1), ('schema_fingerprint', ?2)",
+        params![SCHEMA_VERSION.to_string(), current_fingerprint()?],
+    )?;
+    Ok(())
+}
+
+/// Migrates a peer v1/v2 file to v3 inside `tx`. Every task and event is
+/// kept; events get their hash chain; the result is exactly a fresh v3
+/// schema. The caller must have turned foreign keys off (SQLite cannot do
+/// that inside a transaction) and checks them again before commit.
+pub fn migrate_peer(tx: &Transaction<'_>) -> Result<()> {
+    check_legacy_codes(tx)?;
+    tx.execute_batch(
+        "DROP INDEX tasks_parent_idx;
+         DROP INDEX tasks_status_idx;
+         DROP INDEX tasks_delivery_idx;
+         ALTER TABLE tasks RENAME TO tw_migrating_tasks;
+         ALTER TABLE task_events RENAME TO tw_migrating_events;
+         DROP TABLE schema_meta;",
+    )?;
+    tx.execute_batch(DDL)?;
+    tx.execute(
+        &format!(
+            "INSERT INTO tasks (id, parent_id, status, delivery_status, delivery_required,
+                payload_hash, timeout_seconds, created_at, started_at, updated_at, ended_at,
+                deadline_at, delivery_updated_at, terminal_code, delivery_code, version,
+                attempt_count, max_attempts, llm_calls_budget, event_head)
+             SELECT id, parent_id, status, delivery_status, delivery_required,
+                payload_hash, timeout_seconds, created_at, started_at, updated_at, ended_at,
+                deadline_at, delivery_updated_at, terminal_code, delivery_code, version,
+                CASE WHEN started_at IS NULL THEN 0 ELSE 1 END, 3, NULL, '{}'
+             FROM tw_migrating_tasks",
+            events::GENESIS
+        ),
+        [],
+    )?;
+    rechain_events(tx)?;
+    tx.execute_batch("DROP TABLE tw_migrating_events; DROP TABLE tw_migrating_tasks;")?;
+    write_meta(tx)?;
+    let fk_errors: i64 =
+        tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+            r.get(0)
+        })?;
+    if fk_errors != 0 {
+        return Err(Error::Conflict(
+            "legacy database has broken task references",
+        ));
+    }
+    if fingerprint(tx)? != current_fingerprint()? {
+        return Err(Error::Internal("migration did not produce the v3 schema"));
+    }
+    Ok(())
+}
+
+/// Copies the peer's events in order, computing each task's hash chain,
+/// and stores every chain's head on its task.
+fn rechain_events(tx: &Transaction<'_>) -> Result<()> {
+    let mut read = tx.prepare(
+        "SELECT sequence, task_id, event_kind, from_value, to_value, occurred_at, code
+         FROM tw_migrating_events ORDER BY task_id, sequence",
+    )?;
+    let mut insert = tx.prepare(
+        "INSERT INTO task_events (sequence, task_id, event_kind, from_value, to_value,
+            occurred_at, code, event_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    let mut set_head = tx.prepare("UPDATE tasks SET event_head = ?2 WHERE id = ?1")?;
+    let mut rows = read.query([])?;
+    let mut current: Option<(String, String)> = None;
+    while let Some(row) = rows.next()? {
+        let event = events::Event {
+            task_id: row.get(1)?,
+            kind: row.get(2)?,
+            from: row.get(3)?,
+            to: row.get(4)?,
+            at: row.get(5)?,
+            code: row.get(6)?,
+            worker: None,
+            grant: None,
+        };
+        let prev = match &current {
+            Some((task, head)) if *task == event.task_id => head.clone(),
+            _ => {
+                if let Some((task, head)) = current.take() {
+                    set_head.execute(params![task, head])?;
+                }
+                events::GENESIS.to_string()
+            }
+        };
+        let hash = events::chain_hash(&prev, &event);
+        let sequence: i64 = row.get(0)?;
+        insert.execute(params![
+            sequence,
+            event.task_id,
+            event.kind,
+            event.from,
+            event.to,
+            event.at,
+            event.code,
+            hash
+        ])?;
+        current = Some((event.task_id, hash));
+    }
+    if let Some((task, head)) = current {
+        set_head.execute(params![task, head])?;
+    }
+    Ok(())
+}
+
+/// The peer refuses to migrate files whose stored codes fall outside its
+/// registry; taskwarden keeps that rule so no unknown text is carried on.
+fn check_legacy_codes(tx: &Transaction<'_>) -> Result<()> {
+    const UNSAFE: Error = Error::Conflict("legacy database contains unsafe reason metadata");
+    let mut stmt =
+        tx.prepare("SELECT status, terminal_code, delivery_status, delivery_code FROM tasks")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let status = TaskStatus::from_stored(&row.get::<_, String>(0)?).map_err(|_| UNSAFE)?;
+        let code: Option<String> = row.get(1)?;
+        if !code_fits(
+            code.as_deref(),
+            status.is_terminal(),
+            fsm::caller_codes(status),
+        ) {
+            return Err(UNSAFE);
+        }
+        let delivery =
+            DeliveryStatus::from_stored(&row.get::<_, String>(2)?).map_err(|_| UNSAFE)?;
+        let code: Option<String> = row.get(3)?;
+        if !code_fits(
+            code.as_deref(),
+            delivery.is_terminal(),
+            fsm::delivery_codes(delivery),
+        ) {
+            return Err(UNSAFE);
+        }
+    }
+    let mut stmt = tx.prepare("SELECT event_kind, to_value, code FROM task_events")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let kind: String = row.get(0)?;
+        let to: String = row.get(1)?;
+        let code: Option<String> = row.get(2)?;
+        let ok = match kind.as_str() {
+            "created" => to == "queued" && code.as_deref() == Some("created"),
+            "task_transition" => match TaskStatus::from_stored(&to) {
+                Ok(TaskStatus::Running) => code.as_deref() == Some("started"),
+                Ok(s) => code_fits(code.as_deref(), true, fsm::caller_codes(s)),
+                Err(_) => false,
+            },
+            "delivery_transition" => match DeliveryStatus::from_stored(&to) {
+                Ok(d) => code_fits(code.as_deref(), true, fsm::delivery_codes(d)),
+                Err(_) => false,
+            },
+            _ => false,
+        };
+        if !ok {
+            return Err(UNSAFE);
+        }
+    }
+    Ok(())
+}
+
+fn code_fits(code: Option<&str>, terminal: bool, allowed: &[&str]) -> bool {
+    match code {
+        None => true,
+        Some(c) => terminal && allowed.contains(&c),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_schema_is_current() -> Result<()> {
+        let mut conn = Connection::open_in_memory()?;
+        let tx = conn.transaction()?;
+        create(&tx)?;
+        tx.commit()?;
+        assert_eq!(inspect(&conn)?, Found::Current);
+        Ok(())
+    }
+
+    #[test]
+    fn an_extra_object_is_refused() -> Result<()> {
+        let mut conn = Connection::open_in_memory()?;
+        let tx = conn.transaction()?;
+        create(&tx)?;
+        tx.commit()?;
+        conn.execute_batch("CREATE INDEX extra_idx ON tasks(tenant)")?;
+        assert!(matches!(inspect(&conn), Err(Error::Conflict(_))));
+        Ok(())
+    }
+
+    #[test]
+    fn json_escaping_matches_python() {
+        let mut s = String::new();
+        push_json_string(&mut s, "a\"b\\c\u{e9}");
+        assert_eq!(s, r#""a\"b\\c\u00e9""#);
+    }
+}

@@ -1,0 +1,362 @@
+//! The storage boundary: opening a ledger (writable, read-only or in
+//! memory), its pragmas and schema, and the transaction helpers every
+//! operation runs in. Only this module and the SQL modules below it know
+//! the ledger is SQLite.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, MAIN_DB};
+
+use crate::errors::{Error, Result};
+use crate::fsguard::{self, DbPath, Identity, Sidecars};
+use crate::schema::{self, Found};
+use crate::snapshot;
+
+/// How hard commits are pushed to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=NORMAL`: in WAL mode a commit survives a process crash;
+    /// a power cut may lose the last transactions, never corrupt the file.
+    Normal,
+    /// `synchronous=FULL`: every commit is on disk before it returns.
+    Full,
+}
+
+impl Durability {
+    /// Parses `"normal"` or `"full"`.
+    pub fn parse(raw: &str) -> Result<Durability> {
+        match raw {
+            "normal" => Ok(Durability::Normal),
+            "full" => Ok(Durability::Full),
+            _ => Err(Error::Invalid("durability must be 'normal' or 'full'")),
+        }
+    }
+
+    fn pragma(self) -> &'static str {
+        match self {
+            Durability::Normal => "NORMAL",
+            Durability::Full => "FULL",
+        }
+    }
+
+    /// The name reported by `storage_info`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Normal => "normal",
+            Durability::Full => "full",
+        }
+    }
+}
+
+/// Options for [`Store::open`].
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub busy_timeout_ms: u32,
+    pub durability: Durability,
+    pub read_only: bool,
+    pub allow_external_acl: bool,
+    pub snapshot_max_bytes: u64,
+    pub euid: u32,
+}
+
+/// Where the connection's data lives.
+#[derive(Clone, Debug)]
+enum Backing {
+    /// A file opened for writing; checked before every operation.
+    File {
+        path: DbPath,
+        identity: Identity,
+        euid: u32,
+    },
+    /// A read-only view: a live WAL file or a private snapshot.
+    ReadOnly { journal_mode: &'static str },
+    /// `Ledger.in_memory()`.
+    Memory,
+}
+
+/// One open ledger.
+pub struct Store {
+    conn: Connection,
+    backing: Backing,
+    busy_timeout_ms: u32,
+    durability: Durability,
+    external_acl: bool,
+}
+
+/// What `storage_info` reports.
+#[derive(Clone, Debug)]
+pub struct StorageInfo {
+    pub journal_mode: String,
+    pub busy_timeout_ms: u32,
+    pub foreign_keys: bool,
+    pub permission_model: &'static str,
+    pub durability: &'static str,
+    /// The `synchronous` level SQLite reports: "normal", "full" or another.
+    pub synchronous: &'static str,
+}
+
+impl Store {
+    /// Opens the ledger at `raw_path`, creating or migrating it unless
+    /// read-only. A current schema is checked without taking the write lock.
+    pub fn open(raw_path: &str, opts: &OpenOptions) -> Result<Store> {
+        let path = fsguard::resolve(raw_path)?;
+        fsguard::prepare_parent(&path, !opts.read_only)?;
+        fsguard::check_parent_security(&path, opts.euid)?;
+        if opts.read_only {
+            return Store::open_read_only(path, opts);
+        }
+        fsguard::secure_sidecars(&path, true)?;
+        let identity = fsguard::prepare_file(&path, true)?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&path.file, flags)
+            .map_err(|_| Error::Conflict("database connection failed"))?;
+        let mut store = Store {
+            conn,
+            backing: Backing::File {
+                path: path.clone(),
+                identity,
+                euid: opts.euid,
+            },
+            busy_timeout_ms: opts.busy_timeout_ms,
+            durability: opts.durability,
+            external_acl: opts.allow_external_acl,
+        };
+        store.configure()?;
+        store.ensure_wal()?;
+        store.ensure_schema()?;
+        fsguard::verify_identity(&path, identity)?;
+        fsguard::secure_sidecars(&path, true)?;
+        Ok(store)
+    }
+
+    /// A private in-memory ledger for tests.
+    pub fn in_memory(busy_timeout_ms: u32) -> Result<Store> {
+        let mut store = Store {
+            conn: Connection::open_in_memory()?,
+            backing: Backing::Memory,
+            busy_timeout_ms,
+            durability: Durability::Normal,
+            external_acl: false,
+        };
+        store.configure()?;
+        store.ensure_schema()?;
+        Ok(store)
+    }
+
+    fn open_read_only(path: DbPath, opts: &OpenOptions) -> Result<Store> {
+        let identity = fsguard::prepare_file(&path, false)?;
+        fsguard::secure_sidecars(&path, false)?;
+        let (conn, journal_mode) = match fsguard::sidecar_state(&path) {
+            Sidecars::Incomplete => {
+                return Err(Error::Conflict("SQLite sidecar state is incomplete"))
+            }
+            Sidecars::LiveWal => {
+                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_URI;
+                let uri = format!("file:{}?mode=ro", uri_escape(&path.file.to_string_lossy()));
+                let conn = Connection::open_with_flags(uri, flags)
+                    .map_err(|_| Error::Conflict("database connection failed"))?;
+                fsguard::verify_identity(&path, identity)?;
+                (conn, "wal")
+            }
+            Sidecars::Closed => (
+                snapshot::load(&path, identity, opts.snapshot_max_bytes)?,
+                "memory",
+            ),
+        };
+        let mut store = Store {
+            conn,
+            backing: Backing::ReadOnly { journal_mode },
+            busy_timeout_ms: opts.busy_timeout_ms,
+            durability: opts.durability,
+            external_acl: opts.allow_external_acl,
+        };
+        store
+            .conn
+            .busy_timeout(Duration::from_millis(u64::from(opts.busy_timeout_ms)))?;
+        store.conn.pragma_update(None, "foreign_keys", true)?;
+        store.prepare_read_only_schema()?;
+        store.conn.pragma_update(None, "query_only", true)?;
+        Ok(store)
+    }
+
+    /// A read-only view of a peer v1/v2 file previews exactly what a
+    /// migrated file would show: its private copy is migrated in memory,
+    /// and the file itself is never touched.
+    fn prepare_read_only_schema(&mut self) -> Result<()> {
+        match self.read(|tx| schema::inspect(tx))? {
+            Found::Current => Ok(()),
+            Found::Empty => Err(Error::Conflict("read-only database is not initialized")),
+            Found::Peer(_) => {
+                if matches!(
+                    self.backing,
+                    Backing::ReadOnly {
+                        journal_mode: "wal"
+                    }
+                ) {
+                    let image = self.conn.serialize(MAIN_DB)?;
+                    let mut copy = Connection::open_in_memory()?;
+                    copy.deserialize_read_exact(MAIN_DB, &image[..], image.len(), false)?;
+                    drop(image);
+                    self.conn = copy;
+                    self.backing = Backing::ReadOnly {
+                        journal_mode: "memory",
+                    };
+                }
+                self.migrate()
+            }
+        }
+    }
+
+    fn configure(&mut self) -> Result<()> {
+        self.conn
+            .busy_timeout(Duration::from_millis(u64::from(self.busy_timeout_ms)))?;
+        self.conn.pragma_update(None, "foreign_keys", true)?;
+        let fk: bool = self
+            .conn
+            .pragma_query_value(None, "foreign_keys", |r| r.get(0))?;
+        if !fk {
+            return Err(Error::Conflict("database configuration failed"));
+        }
+        self.conn
+            .pragma_update(None, "synchronous", self.durability.pragma())?;
+        self.conn.set_prepared_statement_cache_capacity(64);
+        Ok(())
+    }
+
+    /// Switching to WAL needs the write lock, so it is only asked for when
+    /// the file is not in WAL mode yet.
+    fn ensure_wal(&mut self) -> Result<()> {
+        let mode: String = self
+            .conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))?;
+        if mode.eq_ignore_ascii_case("wal") {
+            return Ok(());
+        }
+        let mode: String = self
+            .conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if mode.eq_ignore_ascii_case("wal") {
+            Ok(())
+        } else {
+            Err(Error::Conflict("database configuration failed"))
+        }
+    }
+
+    /// Checks the schema under a read transaction; only a new or older file
+    /// takes the write lock, and then checks again under it.
+    fn ensure_schema(&mut self) -> Result<()> {
+        match self.read(|tx| schema::inspect(tx))? {
+            Found::Current => Ok(()),
+            Found::Empty => self.write(|tx| match schema::inspect(tx)? {
+                Found::Empty => schema::create(tx),
+                Found::Current => Ok(()),
+                Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
+            }),
+            Found::Peer(_) => self.migrate(),
+        }
+    }
+
+    fn migrate(&mut self) -> Result<()> {
+        // Foreign keys cannot be switched inside a transaction, and the
+        // table rebuild must not cascade; they are checked before commit.
+        self.conn.pragma_update(None, "foreign_keys", false)?;
+        let outcome = self.transaction(TransactionBehavior::Immediate, |tx| match schema::inspect(
+            tx,
+        )? {
+            Found::Peer(_) => schema::migrate_peer(tx),
+            Found::Current => Ok(()),
+            Found::Empty => Err(Error::Conflict("schema changed while opening")),
+        });
+        self.conn.pragma_update(None, "foreign_keys", true)?;
+        outcome
+    }
+
+    /// Before every operation on a file: the name still points at the file
+    /// opened, and its directory is still private.
+    fn verify(&self) -> Result<()> {
+        if let Backing::File {
+            path,
+            identity,
+            euid,
+        } = &self.backing
+        {
+            fsguard::verify_identity(path, *identity)?;
+            fsguard::check_parent_security(path, *euid)?;
+        }
+        Ok(())
+    }
+
+    fn transaction<T>(
+        &mut self,
+        behavior: TransactionBehavior,
+        op: impl FnOnce(&Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let tx = self.conn.transaction_with_behavior(behavior)?;
+        let out = op(&tx)?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Runs `op` in one write transaction (`BEGIN IMMEDIATE`): all or nothing.
+    pub fn write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+        if self.is_read_only() {
+            return Err(Error::Conflict("ledger is read-only"));
+        }
+        self.verify()?;
+        self.transaction(TransactionBehavior::Immediate, op)
+    }
+
+    /// Runs `op` in one read transaction: one consistent snapshot.
+    pub fn read<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+        self.verify()?;
+        self.transaction(TransactionBehavior::Deferred, op)
+    }
+
+    /// True for a read-only handle.
+    #[must_use]
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.backing, Backing::ReadOnly { .. })
+    }
+
+    /// The facts `storage_info` reports.
+    pub fn info(&self) -> Result<StorageInfo> {
+        let journal_mode = match &self.backing {
+            Backing::ReadOnly { journal_mode } => (*journal_mode).to_string(),
+            _ => self
+                .conn
+                .pragma_query_value(None, "journal_mode", |r| r.get(0))?,
+        };
+        let foreign_keys: bool = self
+            .conn
+            .pragma_query_value(None, "foreign_keys", |r| r.get(0))?;
+        Ok(StorageInfo {
+            journal_mode,
+            busy_timeout_ms: self.busy_timeout_ms,
+            foreign_keys,
+            permission_model: if self.external_acl && !cfg!(unix) {
+                "external_acl"
+            } else {
+                "posix_mode"
+            },
+            durability: self.durability.as_str(),
+            synchronous: match self
+                .conn
+                .pragma_query_value(None, "synchronous", |r| r.get::<_, i64>(0))?
+            {
+                0 => "off",
+                1 => "normal",
+                2 => "full",
+                _ => "extra",
+            },
+        })
+    }
+}
+
+fn uri_escape(path: &str) -> String {
+    path.replace('%', "%25")
+        .replace('?', "%3f")
+        .replace('#', "%23")
+}

@@ -1,0 +1,429 @@
+//! The lifecycle operations of SPEC §2.1 and §3: create, read, start,
+//! heartbeat, close, delivery, and the one guarded write path that every
+//! status change goes through.
+
+use rusqlite::{params, Transaction};
+
+use crate::errors::{Error, Result};
+use crate::events::{self, Event};
+use crate::fsm::{self, DeliveryStatus, TaskStatus};
+use crate::task::{Limits, TaskRow, Usage, COLUMNS};
+
+/// Reads the clock inside the transaction, when (and only when) a write is
+/// about to happen, as the peer does.
+pub type Clock<'a> = &'a dyn Fn() -> Result<f64>;
+
+/// The arguments of `create_task`, validated.
+#[derive(Clone, Debug, Default)]
+pub struct NewTask {
+    pub id: Option<String>,
+    pub parent_id: Option<String>,
+    pub payload_hash: Option<String>,
+    pub timeout_seconds: Option<f64>,
+    pub delivery_required: bool,
+    pub tenant: Option<String>,
+    pub limits: Limits,
+    pub max_attempts: i64,
+}
+
+/// Who is writing: when given, the write is refused unless the task is
+/// still owned by `worker` and still in attempt `attempt` (zombie fencing).
+#[derive(Clone, Debug, Default)]
+pub struct Fence {
+    pub worker: Option<String>,
+    pub attempt: Option<i64>,
+}
+
+impl Fence {
+    /// Refuses a writer whose claim is no longer the current one.
+    pub fn check(&self, task: &TaskRow) -> Result<()> {
+        if let Some(worker) = &self.worker {
+            if task.owner.as_deref() != Some(worker.as_str()) {
+                return Err(Error::Conflict("task is not owned by this worker"));
+            }
+        }
+        if let Some(attempt) = self.attempt {
+            if task.attempt_count != attempt {
+                return Err(Error::Conflict("a newer claim of this task exists"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Loads and validates one task, if it exists.
+pub fn load(tx: &Transaction<'_>, id: &str) -> Result<Option<TaskRow>> {
+    let mut stmt = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1"))?;
+    let mut rows = stmt.query([id])?;
+    match rows.next()? {
+        Some(row) => Ok(Some(TaskRow::checked(row)?)),
+        None => Ok(None),
+    }
+}
+
+/// Loads one task or fails with `NotFound`.
+pub fn get(tx: &Transaction<'_>, id: &str) -> Result<TaskRow> {
+    load(tx, id)?.ok_or(Error::NotFound)
+}
+
+/// The direct children of `id`, oldest first.
+pub fn children(tx: &Transaction<'_>, id: &str) -> Result<Vec<TaskRow>> {
+    get(tx, id)?;
+    let mut stmt = tx.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM tasks WHERE parent_id = ?1 ORDER BY created_at, id"
+    ))?;
+    let mut rows = stmt.query([id])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(TaskRow::checked(row)?);
+    }
+    Ok(out)
+}
+
+fn not_before(now: f64, task: &TaskRow) -> Result<()> {
+    if now < task.latest_timestamp() {
+        return Err(Error::Conflict(
+            "clock moved backwards relative to stored state",
+        ));
+    }
+    Ok(())
+}
+
+fn same_identity(task: &TaskRow, new: &NewTask) -> bool {
+    task.parent_id == new.parent_id
+        && task.payload_hash == new.payload_hash
+        && task.timeout_seconds == new.timeout_seconds
+        && task.delivery_required == new.delivery_required
+        && task.tenant == new.tenant
+}
+
+/// Creates a queued task, or returns the existing one when `new` repeats
+/// its immutable fields (idempotent retry); other differences conflict.
+pub fn create(tx: &Transaction<'_>, new: &NewTask, clock: Clock<'_>) -> Result<TaskRow> {
+    let now = clock()?;
+    let id = new
+        .id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    if let Some(existing) = load(tx, &id)? {
+        return if same_identity(&existing, new) {
+            Ok(existing)
+        } else {
+            Err(Error::Conflict(
+                "task exists with different immutable fields",
+            ))
+        };
+    }
+    if let Some(parent_id) = &new.parent_id {
+        let parent = get(tx, parent_id)?;
+        not_before(now, &parent)?;
+    }
+    let event = Event {
+        task_id: id.clone(),
+        kind: events::CREATED.into(),
+        from: None,
+        to: TaskStatus::Queued.as_str().into(),
+        at: now,
+        code: Some("created".into()),
+        worker: None,
+        grant: None,
+    };
+    let task = TaskRow {
+        id,
+        parent_id: new.parent_id.clone(),
+        status: TaskStatus::Queued,
+        delivery_status: DeliveryStatus::Pending,
+        delivery_required: new.delivery_required,
+        payload_hash: new.payload_hash.clone(),
+        timeout_seconds: new.timeout_seconds,
+        created_at: now,
+        started_at: None,
+        updated_at: now,
+        ended_at: None,
+        deadline_at: None,
+        delivery_updated_at: now,
+        terminal_code: None,
+        delivery_code: None,
+        version: 0,
+        tenant: new.tenant.clone(),
+        owner: None,
+        park_code: None,
+        attempt_count: 0,
+        max_attempts: new.max_attempts,
+        usage: Usage::default(),
+        limits: new.limits,
+        event_head: events::chain_hash(events::GENESIS, &event),
+    };
+    insert(tx, &task)?;
+    events::append(tx, events::GENESIS, &event)?;
+    Ok(task)
+}
+
+fn insert(tx: &Transaction<'_>, t: &TaskRow) -> Result<()> {
+    tx.prepare_cached(&format!(
+        "INSERT INTO tasks ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, \
+         ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)"
+    ))?
+    .execute(params![
+        t.id,
+        t.parent_id,
+        t.status.as_str(),
+        t.delivery_status.as_str(),
+        t.delivery_required,
+        t.payload_hash,
+        t.timeout_seconds,
+        t.created_at,
+        t.started_at,
+        t.updated_at,
+        t.ended_at,
+        t.deadline_at,
+        t.delivery_updated_at,
+        t.terminal_code,
+        t.delivery_code,
+        t.version,
+        t.tenant,
+        t.owner,
+        t.park_code,
+        t.attempt_count,
+        t.max_attempts,
+        t.usage.calls,
+        t.limits.calls,
+        t.usage.tokens,
+        t.limits.tokens,
+        t.usage.cost_micros,
+        t.limits.cost_micros,
+        t.event_head
+    ])?;
+    Ok(())
+}
+
+/// Writes every mutable column of `after`, guarded by the status and
+/// version that `before` was read with: a row that changed underneath is
+/// a conflict, never silently overwritten.
+pub fn save(tx: &Transaction<'_>, before: &TaskRow, after: &TaskRow) -> Result<()> {
+    let changed = tx
+        .prepare_cached(
+            "UPDATE tasks SET status = ?3, started_at = ?4, updated_at = ?5, ended_at = ?6,
+                deadline_at = ?7, delivery_status = ?8, delivery_updated_at = ?9,
+                terminal_code = ?10, delivery_code = ?11, version = ?12, owner = ?13,
+                park_code = ?14, attempt_count = ?15, llm_calls_used = ?16, tokens_used = ?17,
+                cost_used_micros = ?18, llm_calls_budget = ?19, token_budget = ?20,
+                cost_budget_micros = ?21, event_head = ?22
+             WHERE id = ?1 AND status = ?2 AND version = ?23",
+        )?
+        .execute(params![
+            after.id,
+            before.status.as_str(),
+            after.status.as_str(),
+            after.started_at,
+            after.updated_at,
+            after.ended_at,
+            after.deadline_at,
+            after.delivery_status.as_str(),
+            after.delivery_updated_at,
+            after.terminal_code,
+            after.delivery_code,
+            after.version,
+            after.owner,
+            after.park_code,
+            after.attempt_count,
+            after.usage.calls,
+            after.usage.tokens,
+            after.usage.cost_micros,
+            after.limits.calls,
+            after.limits.tokens,
+            after.limits.cost_micros,
+            after.event_head,
+            before.version
+        ])?;
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(Error::Conflict("task changed concurrently"))
+    }
+}
+
+/// The one path for a status change: checks the edge against the table,
+/// computes the new row, appends the chained event and saves it guarded.
+pub fn transition(
+    tx: &Transaction<'_>,
+    task: &TaskRow,
+    to: TaskStatus,
+    code: Option<&str>,
+    worker: Option<&str>,
+    now: f64,
+) -> Result<TaskRow> {
+    if !fsm::can_transition(task.status, to) {
+        return Err(Error::Conflict(
+            "transition is not allowed from the current status",
+        ));
+    }
+    not_before(now, task)?;
+    let mut next = task.moved(to, code, now, worker)?;
+    let event = Event {
+        task_id: task.id.clone(),
+        kind: events::TASK_TRANSITION.into(),
+        from: Some(task.status.as_str().into()),
+        to: to.as_str().into(),
+        at: now,
+        code: code.map(str::to_owned),
+        worker: worker.map(str::to_owned),
+        grant: None,
+    };
+    next.event_head = events::append(tx, &task.event_head, &event)?;
+    save(tx, task, &next)?;
+    Ok(next)
+}
+
+/// `start_task`: queued -> running (code `started`, no owner); a running
+/// task is returned unchanged without reading the clock.
+pub fn start(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<TaskRow> {
+    let task = get(tx, id)?;
+    match task.status {
+        TaskStatus::Running => Ok(task),
+        TaskStatus::Queued => transition(
+            tx,
+            &task,
+            TaskStatus::Running,
+            Some("started"),
+            None,
+            clock()?,
+        ),
+        _ => Err(Error::Conflict(
+            "task cannot be started from its current status",
+        )),
+    }
+}
+
+/// `heartbeat`: a running task proves it is alive (no event is written).
+pub fn heartbeat(
+    tx: &Transaction<'_>,
+    id: &str,
+    fence: &Fence,
+    clock: Clock<'_>,
+) -> Result<TaskRow> {
+    let task = get(tx, id)?;
+    if task.status != TaskStatus::Running {
+        return Err(Error::Conflict("only a running task can heartbeat"));
+    }
+    fence.check(&task)?;
+    let now = clock()?;
+    not_before(now, &task)?;
+    let mut next = task.clone();
+    next.updated_at = now;
+    next.version = task
+        .version
+        .checked_add(1)
+        .ok_or(Error::Internal("version overflow"))?;
+    save(tx, &task, &next)?;
+    Ok(next)
+}
+
+/// `close_task`: any edge of the table into a terminal status. The same
+/// terminal status again is a no-op whose code is ignored (peer rule).
+pub fn close(
+    tx: &Transaction<'_>,
+    id: &str,
+    to: TaskStatus,
+    code: Option<&str>,
+    fence: &Fence,
+    clock: Clock<'_>,
+) -> Result<TaskRow> {
+    if !to.is_terminal() {
+        return Err(Error::Invalid("close status must be terminal"));
+    }
+    let task = get(tx, id)?;
+    if task.status == to {
+        return Ok(task);
+    }
+    if task.status.is_terminal() {
+        return Err(Error::Conflict(
+            "task already has a different terminal status",
+        ));
+    }
+    if let Some(code) = code {
+        fsm::check_code(code, fsm::caller_codes(to))?;
+    }
+    fence.check(&task)?;
+    if !fsm::can_transition(task.status, to) {
+        return Err(Error::Conflict(
+            "transition is not allowed from the current status",
+        ));
+    }
+    transition(tx, &task, to, code, fence.worker.as_deref(), clock()?)
+}
+
+/// `set_delivery`: pending -> delivered | failed | not_applicable, only
+/// after the task is terminal, and only the outcome its kind allows.
+pub fn set_delivery(
+    tx: &Transaction<'_>,
+    id: &str,
+    to: DeliveryStatus,
+    code: Option<&str>,
+    clock: Clock<'_>,
+) -> Result<TaskRow> {
+    if !to.is_terminal() {
+        return Err(Error::Invalid("delivery status must be terminal"));
+    }
+    let task = get(tx, id)?;
+    if !task.status.is_terminal() {
+        return Err(Error::Conflict(
+            "delivery can only close after the task is terminal",
+        ));
+    }
+    if task.delivery_status == to {
+        return Ok(task);
+    }
+    if task.delivery_status.is_terminal() {
+        return Err(Error::Conflict(
+            "delivery already has a different terminal status",
+        ));
+    }
+    let allowed = if task.delivery_required {
+        to != DeliveryStatus::NotApplicable
+    } else {
+        to == DeliveryStatus::NotApplicable
+    };
+    if !allowed {
+        return Err(Error::Conflict(
+            "delivery outcome does not fit the task's delivery kind",
+        ));
+    }
+    if let Some(code) = code {
+        fsm::check_code(code, fsm::delivery_codes(to))?;
+    }
+    let now = clock()?;
+    deliver(tx, &task, to, code, now)
+}
+
+/// Applies a delivery outcome (shared with reconcile).
+pub fn deliver(
+    tx: &Transaction<'_>,
+    task: &TaskRow,
+    to: DeliveryStatus,
+    code: Option<&str>,
+    now: f64,
+) -> Result<TaskRow> {
+    not_before(now, task)?;
+    let mut next = task.clone();
+    next.delivery_status = to;
+    next.delivery_updated_at = now;
+    next.delivery_code = code.map(str::to_owned);
+    next.version = task
+        .version
+        .checked_add(1)
+        .ok_or(Error::Internal("version overflow"))?;
+    let event = Event {
+        task_id: task.id.clone(),
+        kind: events::DELIVERY_TRANSITION.into(),
+        from: Some(DeliveryStatus::Pending.as_str().into()),
+        to: to.as_str().into(),
+        at: now,
+        code: code.map(str::to_owned),
+        worker: None,
+        grant: None,
+    };
+    next.event_head = events::append(tx, &task.event_head, &event)?;
+    save(tx, task, &next)?;
+    Ok(next)
+}
