@@ -47,11 +47,15 @@ def _add_lifecycle(sub: Any, common: argparse.ArgumentParser) -> None:
     create = sub.add_parser("create", parents=[common], help="create a task (idempotent by id)")
     create.add_argument("--task-id", help="caller-chosen UUID")
     create.add_argument("--parent-id", help="UUID of an existing parent task")
-    create.add_argument("--payload-sha256", help="lowercase SHA-256 of the payload (never the payload)")
+    create.add_argument(
+        "--payload-sha256", help="lowercase SHA-256 of the payload (never the payload)"
+    )
     create.add_argument("--timeout-seconds", type=float, help="deadline after each start")
     create.add_argument("--internal", action="store_true", help="no direct delivery expected")
     create.add_argument("--tenant", help="tenant id: 1-128 of [A-Za-z0-9._:@-]")
-    create.add_argument("--llm-calls-budget", type=int, default=25, help="LLM-call limit (default 25)")
+    create.add_argument(
+        "--llm-calls-budget", type=int, default=25, help="LLM-call limit (default 25)"
+    )
     create.add_argument("--unlimited-calls", action="store_true", help="no LLM-call limit")
     create.add_argument("--token-budget", type=int, help="token limit (default unlimited)")
     create.add_argument("--cost-budget-micros", type=int, help="cost limit in micro-units")
@@ -92,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="confirm an externally secured directory on platforms without POSIX modes",
     )
-    parser.add_argument("--busy-timeout-ms", type=int, default=5000, help="lock wait (default 5000)")
+    parser.add_argument(
+        "--busy-timeout-ms", type=int, default=5000, help="lock wait (default 5000)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_lifecycle(sub, _common())
     return parser

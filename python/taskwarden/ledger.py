@@ -62,8 +62,10 @@ class Ledger:
             raw = os.fspath(path)
         except TypeError:
             raise InvalidInput("database path is invalid") from None
-        if not isinstance(raw, str) or not callable(clock):
-            raise InvalidInput("database path is invalid" if not isinstance(raw, str) else "clock must be callable")
+        if not isinstance(raw, str):
+            raise InvalidInput("database path is invalid")
+        if not callable(clock):
+            raise InvalidInput("clock must be callable")
         self._core = _core.LedgerCore(
             raw,
             busy_timeout_ms=busy_timeout_ms,
@@ -147,7 +149,9 @@ class Ledger:
         """queued -> running without an owner; a running task is returned as is."""
         return Task._from_core(self._core.start_task(task_id))
 
-    def heartbeat(self, task_id: str, *, worker: str | None = None, attempt: int | None = None) -> Task:
+    def heartbeat(
+        self, task_id: str, *, worker: str | None = None, attempt: int | None = None
+    ) -> Task:
         """Mark a running task alive. ``worker``/``attempt`` fence off stale claims."""
         return Task._from_core(self._core.heartbeat(task_id, worker=worker, attempt=attempt))
 

@@ -1,0 +1,86 @@
+"""Shared fixtures: ledger paths, a controllable clock, the CLI runner and a
+logical dump of a ledger file (to prove that refused calls write nothing)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from taskwarden import Ledger
+from taskwarden.cli import main
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="run the long campaigns")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="long campaign: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+class FrozenClock:
+    """A clock that stands still until a test moves it."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock()
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.db"
+
+
+@pytest.fixture
+def ledger(db_path: Path, clock: FrozenClock) -> Iterator[Ledger]:
+    with Ledger(db_path, clock=clock) as opened:
+        yield opened
+
+
+def run_cli(*argv: str) -> tuple[int, Any, str]:
+    """Run ``taskwarden argv`` in-process: exit code, parsed JSON (or None), raw stdout."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    text = out.getvalue()
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    return code, parsed, text
+
+
+def logical_dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, ordered: the ledger's logical content."""
+    uri = f"file:{path}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        return {t: sorted(conn.execute(f'SELECT * FROM "{t}"'), key=repr) for t in tables}
