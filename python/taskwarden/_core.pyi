@@ -1,0 +1,72 @@
+"""Type stubs for the Rust core. Use ``taskwarden.Ledger``; this is its engine."""
+
+from collections.abc import Callable
+from typing import Any
+
+__version__: str
+SCHEMA_VERSION: int
+DEFAULT_SNAPSHOT_MAX_BYTES: int
+REASON_CODES: tuple[str, ...]
+TRANSITIONS: dict[str, tuple[str, ...]]
+
+TaskRow = tuple[Any, ...]
+
+def payload_fingerprint(payload: str | bytes) -> str:
+    """SHA-256 of a payload (``str`` as UTF-8, or ``bytes``), lowercase hex."""
+
+def can_transition(from_status: str, to_status: str) -> bool:
+    """True when the state machine has the edge (aliases accepted)."""
+
+class LedgerCore:
+    """One open ledger; every method runs with the interpreter released."""
+
+    def __init__(
+        self,
+        path: object,
+        *,
+        busy_timeout_ms: object,
+        durability: object,
+        read_only: object,
+        allow_external_acl: object,
+        snapshot_max_bytes: object,
+        clock: Callable[[], float] | None,
+        euid: int,
+    ) -> None: ...
+    @staticmethod
+    def in_memory(*, busy_timeout_ms: object, clock: Callable[[], float] | None) -> LedgerCore:
+        """A private in-memory ledger."""
+    def close(self) -> None:
+        """Release the connection."""
+    def create_task(
+        self,
+        *,
+        task_id: object,
+        parent_id: object,
+        payload_hash: object,
+        timeout_seconds: object,
+        delivery_required: object,
+        tenant: object,
+        llm_calls_budget: object,
+        token_budget: object,
+        cost_budget_micros: object,
+        max_attempts: object,
+    ) -> TaskRow:
+        """Create (or idempotently return) a task."""
+    def get_task(self, task_id: object) -> TaskRow: ...
+    def children_of(self, task_id: object) -> list[TaskRow]: ...
+    def start_task(self, task_id: object) -> TaskRow: ...
+    def heartbeat(
+        self, task_id: object, *, worker: object = None, attempt: object = None
+    ) -> TaskRow: ...
+    def close_task(
+        self,
+        task_id: object,
+        status: object,
+        *,
+        code: object = None,
+        worker: object = None,
+        attempt: object = None,
+    ) -> TaskRow: ...
+    def set_delivery(self, task_id: object, status: object, *, code: object = None) -> TaskRow: ...
+    def storage_info(self) -> dict[str, Any]: ...
+    def is_read_only(self) -> bool: ...

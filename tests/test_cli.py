@@ -1,0 +1,109 @@
+"""The CLI: the peer's commands and flags, one-line sorted JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import taskwarden
+
+from .conftest import run_cli
+
+
+def test_lifecycle_through_the_cli(db_path: Path) -> None:
+    db = str(db_path)
+    code, out, raw = run_cli("--db", db, "init")
+    assert code == 0 and out["ok"] is True
+    assert out["storage"]["journal_mode"] == "wal"
+    assert raw.count("\n") == 1
+    assert raw.strip() == json.dumps(out, sort_keys=True, separators=(",", ":"))
+
+    code, out, _ = run_cli(
+        "--db", db, "create", "--timeout-seconds", "30", "--payload-sha256", "b" * 64
+    )
+    assert code == 0
+    task = out["task"]
+    assert task["status"] == "queued" and task["has_payload_hash"] is True
+    assert "b" * 64 not in json.dumps(out)
+    tid = task["id"]
+
+    assert run_cli("--db", db, "start", tid)[1]["task"]["status"] == "running"
+    assert run_cli("--db", db, "heartbeat", tid)[1]["task"]["version"] == 2
+    code, out, _ = run_cli(
+        "--db", db, "close", tid, "--status", "succeeded", "--code", "worker_completed"
+    )
+    assert (code, out["task"]["terminal_code"]) == (0, "worker_completed")
+    code, out, _ = run_cli("--db", db, "delivery", tid, "--status", "delivered")
+    assert out["task"]["delivery_status"] == "delivered"
+    assert run_cli("--db", db, "get", tid)[1]["task"] == out["task"]
+
+
+def test_create_internal_child_with_budgets(db_path: Path) -> None:
+    db = str(db_path)
+    parent = run_cli("--db", db, "create", "--tenant", "acme")[1]["task"]
+    code, out, _ = run_cli(
+        "--db", db, "create", "--parent-id", parent["id"], "--internal",
+        "--llm-calls-budget", "5", "--token-budget", "1000", "--max-attempts", "2",
+    )  # fmt: skip
+    child = out["task"]
+    assert code == 0
+    assert child["parent_id"] == parent["id"] and child["delivery_required"] is False
+    assert (child["llm_calls_budget"], child["token_budget"], child["max_attempts"]) == (5, 1000, 2)
+    assert run_cli("--db", db, "create", "--unlimited-calls")[1]["task"]["llm_calls_budget"] is None
+
+
+def test_errors_map_to_exit_codes(db_path: Path) -> None:
+    db = str(db_path)
+    missing = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+    assert run_cli("--db", db, "start", missing)[:2] == (2, {"error": "TaskNotFound", "ok": False})
+    tid = run_cli("--db", db, "create")[1]["task"]["id"]
+    run_cli("--db", db, "close", tid, "--status", "failed")
+    code, out, _ = run_cli("--db", db, "close", tid, "--status", "succeeded")
+    assert (code, out) == (2, {"error": "StateConflict", "ok": False})
+    code, out, _ = run_cli("--db", db, "close", tid, "--status", "running")
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert run_cli("create")[:2] == (2, {"error": "InvalidInput", "ok": False})
+
+
+def test_text_format_is_readable(db_path: Path) -> None:
+    code, _, raw = run_cli("--db", str(db_path), "create", "--tenant", "acme", "--format", "text")
+    assert code == 0
+    assert "status" in raw and "queued" in raw and "acme" in raw
+    assert not raw.lstrip().startswith("{")
+
+
+def test_version_and_module_entry_point(db_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "taskwarden", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"taskwarden {taskwarden.__version__}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "taskwarden", "--db", str(db_path), "create", "--bogus", "SECRET-9"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout) == {"error": "InvalidInput", "ok": False}
+    assert "SECRET-9" not in proc.stdout + proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "taskwarden", "--db", str(db_path), "create"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
+
+
+def test_help_lists_the_commands() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "taskwarden", "--help"], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0
+    for command in ("init", "create", "start", "heartbeat", "close", "delivery"):
+        assert command in proc.stdout

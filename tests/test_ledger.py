@@ -1,0 +1,245 @@
+"""The lifecycle API: idempotency, terminal states, delivery rules, time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from taskwarden import (
+    DeliveryStatus,
+    InvalidInput,
+    Ledger,
+    StateConflict,
+    Task,
+    TaskNotFound,
+    TaskStatus,
+    payload_fingerprint,
+)
+
+from .conftest import FrozenClock
+
+HASH = "a" * 64
+
+
+def test_create_returns_a_queued_task_with_defaults(ledger: Ledger, clock: FrozenClock) -> None:
+    task = ledger.create_task(timeout_seconds=30, payload_hash=HASH, tenant="acme")
+    assert task.status is TaskStatus.QUEUED
+    assert task.delivery_status is DeliveryStatus.PENDING
+    assert task.created_at == task.updated_at == task.delivery_updated_at == clock.now
+    assert (task.started_at, task.ended_at, task.deadline_at) == (None, None, None)
+    assert (task.version, task.attempt_count, task.max_attempts) == (0, 0, 3)
+    assert (task.llm_calls_budget, task.token_budget, task.cost_budget_micros) == (25, None, None)
+    assert (task.owner, task.tenant) == (None, "acme")
+    assert ledger.get_task(task.id) == task
+
+
+def test_recreate_with_same_fields_is_idempotent(ledger: Ledger, clock: FrozenClock) -> None:
+    first = ledger.create_task(task_id="0A1B2C3D-4E5F-6071-8293-A4B5C6D7E8F9", timeout_seconds=5)
+    assert first.id == "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+    ledger.start_task(first.id)
+    clock.advance(10)
+    again = ledger.create_task(task_id=first.id, timeout_seconds=5.0)
+    assert again == ledger.get_task(first.id)
+    assert again.status is TaskStatus.RUNNING
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"timeout_seconds": 6},
+        {"payload_hash": HASH},
+        {"delivery_required": False},
+        {"tenant": "other"},
+    ],
+)
+def test_recreate_with_different_fields_conflicts(ledger: Ledger, change: dict) -> None:
+    task = ledger.create_task(timeout_seconds=5)
+    with pytest.raises(StateConflict):
+        ledger.create_task(task_id=task.id, **{"timeout_seconds": 5, **change})
+
+
+def test_parent_must_exist(ledger: Ledger) -> None:
+    with pytest.raises(TaskNotFound):
+        ledger.create_task(parent_id="0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9")
+
+
+def test_children_are_ordered_oldest_first(ledger: Ledger, clock: FrozenClock) -> None:
+    parent = ledger.create_task()
+    ids = []
+    for _ in range(3):
+        clock.advance(1)
+        ids.append(ledger.create_task(parent_id=parent.id).id)
+    assert [c.id for c in ledger.children_of(parent.id)] == ids
+    assert ledger.children_of(ids[0]) == []
+
+
+def test_start_sets_deadline_and_is_idempotent(ledger: Ledger, clock: FrozenClock) -> None:
+    task = ledger.create_task(timeout_seconds=30)
+    clock.advance(2)
+    running = ledger.start_task(task.id)
+    assert running.status is TaskStatus.RUNNING
+    assert running.started_at == clock.now
+    assert running.deadline_at == clock.now + 30
+    assert (running.version, running.attempt_count) == (1, 1)
+    clock.advance(5)
+    assert ledger.start_task(task.id) == running
+
+
+def test_heartbeat_needs_running_and_writes_no_event(ledger: Ledger, clock: FrozenClock) -> None:
+    task = ledger.create_task()
+    with pytest.raises(StateConflict):
+        ledger.heartbeat(task.id)
+    ledger.start_task(task.id)
+    clock.advance(3)
+    beat = ledger.heartbeat(task.id)
+    assert beat.updated_at == clock.now
+    assert beat.version == 2
+
+
+def test_close_same_status_is_a_noop_and_ignores_the_code(
+    ledger: Ledger, clock: FrozenClock
+) -> None:
+    task = ledger.create_task()
+    ledger.start_task(task.id)
+    closed = ledger.close_task(task.id, "succeeded", code="worker_completed")
+    assert closed.ended_at == closed.updated_at == clock.now
+    assert closed.terminal_code == "worker_completed"
+    clock.advance(1)
+    assert ledger.close_task(task.id, TaskStatus.SUCCEEDED, code="not a code") == closed
+
+
+@pytest.mark.parametrize("first", ["succeeded", "failed", "timed_out", "cancelled"])
+def test_a_different_terminal_status_conflicts(ledger: Ledger, first: str) -> None:
+    task = ledger.create_task()
+    ledger.close_task(task.id, first)
+    for other in {"succeeded", "failed", "timed_out", "cancelled"} - {first}:
+        with pytest.raises(StateConflict):
+            ledger.close_task(task.id, other)
+    with pytest.raises(StateConflict):
+        ledger.start_task(task.id)
+
+
+def test_close_refuses_non_terminal_status_and_wrong_code(ledger: Ledger) -> None:
+    task = ledger.create_task()
+    with pytest.raises(InvalidInput):
+        ledger.close_task(task.id, "running")
+    with pytest.raises(InvalidInput):
+        ledger.close_task(task.id, "succeeded", code="worker_failed")
+    with pytest.raises(InvalidInput):
+        ledger.close_task(task.id, "succeeded", code="created")
+    assert ledger.get_task(task.id).status is TaskStatus.QUEUED
+
+
+def test_status_aliases_are_accepted(ledger: Ledger) -> None:
+    task = ledger.create_task()
+    closed = ledger.close_task(task.id, "completed")
+    assert closed.status is TaskStatus.SUCCEEDED
+
+
+def test_delivery_only_after_terminal(ledger: Ledger) -> None:
+    task = ledger.create_task()
+    with pytest.raises(StateConflict):
+        ledger.set_delivery(task.id, "delivered")
+    ledger.close_task(task.id, "succeeded")
+    done = ledger.set_delivery(task.id, "delivered", code="transport_acknowledged")
+    assert done.delivery_status is DeliveryStatus.DELIVERED
+    assert done.delivery_code == "transport_acknowledged"
+    assert ledger.set_delivery(task.id, "delivered", code="bogus") == done
+    with pytest.raises(StateConflict):
+        ledger.set_delivery(task.id, "failed")
+
+
+def test_delivery_kind_rules(ledger: Ledger) -> None:
+    external = ledger.create_task()
+    internal = ledger.create_task(delivery_required=False)
+    for t in (external, internal):
+        ledger.close_task(t.id, "failed")
+    with pytest.raises(StateConflict):
+        ledger.set_delivery(external.id, "not_applicable")
+    for status in ("delivered", "failed"):
+        with pytest.raises(StateConflict):
+            ledger.set_delivery(internal.id, status)
+    assert ledger.set_delivery(internal.id, "not_applicable").delivery_code is None
+    with pytest.raises(InvalidInput):
+        ledger.set_delivery(external.id, "pending")
+    with pytest.raises(InvalidInput):
+        ledger.set_delivery(external.id, "delivered", code="internal_task")
+
+
+def test_delivery_does_not_move_updated_at(ledger: Ledger, clock: FrozenClock) -> None:
+    task = ledger.create_task()
+    closed = ledger.close_task(task.id, "succeeded")
+    clock.advance(7)
+    delivered = ledger.set_delivery(task.id, "failed", code="transport_failed")
+    assert delivered.updated_at == closed.updated_at
+    assert delivered.delivery_updated_at == clock.now
+    assert delivered.version == closed.version + 1
+
+
+def test_time_only_moves_forward(ledger: Ledger, clock: FrozenClock) -> None:
+    task = ledger.create_task()
+    ledger.start_task(task.id)
+    clock.advance(-1)
+    for call in (
+        lambda: ledger.heartbeat(task.id),
+        lambda: ledger.close_task(task.id, "succeeded"),
+        lambda: ledger.create_task(parent_id=task.id),
+    ):
+        with pytest.raises(StateConflict):
+            call()
+    # A task without a parent may be older than existing ones (peer rule).
+    assert ledger.create_task().created_at == clock.now
+    clock.advance(1)
+    assert ledger.close_task(task.id, "succeeded").ended_at == clock.now
+
+
+def test_unknown_task_is_not_found(ledger: Ledger) -> None:
+    missing = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+    for call in (
+        lambda: ledger.get_task(missing),
+        lambda: ledger.children_of(missing),
+        lambda: ledger.start_task(missing),
+        lambda: ledger.heartbeat(missing),
+        lambda: ledger.close_task(missing, "failed"),
+        lambda: ledger.set_delivery(missing, "failed"),
+    ):
+        with pytest.raises(TaskNotFound):
+            call()
+
+
+def test_calls_after_close_conflict(db_path, clock: FrozenClock) -> None:
+    ledger = Ledger(db_path, clock=clock)
+    task = ledger.create_task()
+    ledger.close()
+    with pytest.raises(StateConflict):
+        ledger.get_task(task.id)
+    assert sorted(p.name for p in db_path.parent.iterdir()) == ["ledger.db"]
+
+
+def test_task_is_frozen_and_to_dict_hides_the_hash(ledger: Ledger) -> None:
+    task = ledger.create_task(payload_hash=HASH)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        task.status = TaskStatus.FAILED  # type: ignore[misc]
+    d = task.to_dict()
+    assert d["has_payload_hash"] is True
+    assert "payload_hash" not in d
+    assert HASH not in repr(d)
+    assert task.to_dict(include_payload_hash=True)["payload_hash"] == HASH
+    assert isinstance(task, Task)
+
+
+def test_payload_fingerprint() -> None:
+    assert payload_fingerprint("abc") == payload_fingerprint(b"abc")
+    assert payload_fingerprint(b"").startswith("e3b0c442")
+    for bad in (bytearray(b"x"), 1, None):
+        with pytest.raises(InvalidInput):
+            payload_fingerprint(bad)  # type: ignore[arg-type]
+
+
+def test_in_memory_ledger_works_and_memory_path_is_refused(clock: FrozenClock) -> None:
+    with Ledger.in_memory(clock=clock) as mem:
+        task = mem.create_task()
+        assert mem.close_task(task.id, "cancelled").status is TaskStatus.CANCELLED
+    with pytest.raises(InvalidInput):
+        Ledger(":memory:")

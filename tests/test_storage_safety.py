@@ -1,0 +1,181 @@
+"""SPEC §7: private modes, no links, private parents, replaced files, durability,
+and no free text stored."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from taskwarden import InvalidInput, Ledger, StateConflict
+
+from .conftest import FrozenClock
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_new_file_and_parents_are_private(tmp_path: Path) -> None:
+    db = tmp_path / "a" / "b" / "ledger.db"
+    with Ledger(db) as ledger:
+        ledger.create_task()
+        assert mode(db) == 0o600
+        assert mode(db.parent) == 0o700
+        assert mode(db.parent.parent) == 0o700
+        for side in ("-wal", "-shm"):
+            assert mode(Path(f"{db}{side}")) == 0o600
+    assert sorted(p.name for p in db.parent.iterdir()) == ["ledger.db"]
+
+
+def test_loose_file_mode_is_tightened(db_path: Path) -> None:
+    db_path.touch()
+    db_path.chmod(0o644)
+    Ledger(db_path).close()
+    assert mode(db_path) == 0o600
+
+
+def test_symlink_at_the_database_name_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "real.db"
+    Ledger(target).close()
+    link = tmp_path / "link.db"
+    link.symlink_to(target)
+    with pytest.raises(InvalidInput):
+        Ledger(link)
+    dangling = tmp_path / "dangling.db"
+    dangling.symlink_to(tmp_path / "nowhere.db")
+    with pytest.raises(InvalidInput):
+        Ledger(dangling)
+    assert not (tmp_path / "nowhere.db").exists()
+
+
+def test_hard_link_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    Ledger(db).close()
+    os.link(db, tmp_path / "second-name.db")
+    with pytest.raises(InvalidInput):
+        Ledger(db)
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_linked_sidecars_are_refused(tmp_path: Path, suffix: str) -> None:
+    db = tmp_path / "ledger.db"
+    Ledger(db).close()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"")
+    elsewhere.chmod(0o600)
+    Path(f"{db}{suffix}").symlink_to(elsewhere)
+    with pytest.raises(StateConflict):
+        Ledger(db)
+    Path(f"{db}{suffix}").unlink()
+    os.link(elsewhere, f"{db}{suffix}")
+    with pytest.raises(StateConflict):
+        Ledger(db)
+
+
+def test_unsafe_parent_is_refused_at_open_and_later(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    db = shared / "ledger.db"
+    ledger = Ledger(db)
+    task = ledger.create_task()
+    shared.chmod(0o777)
+    try:
+        with pytest.raises(InvalidInput):
+            ledger.get_task(task.id)
+        with pytest.raises(InvalidInput):
+            Ledger(db)
+    finally:
+        shared.chmod(0o700)
+        ledger.close()
+
+
+def test_parent_that_is_a_file_or_link_is_refused(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(InvalidInput):
+        Ledger(blocker / "ledger.db")
+
+
+def test_replaced_database_is_detected(tmp_path: Path, clock: FrozenClock) -> None:
+    db = tmp_path / "ledger.db"
+    ledger = Ledger(db, clock=clock)
+    ledger.create_task()
+    impostor = tmp_path / "impostor.db"
+    Ledger(impostor).close()
+    os.replace(impostor, db)
+    try:
+        with pytest.raises(StateConflict):
+            ledger.create_task()
+    finally:
+        ledger.close()
+
+
+def test_durability_full_switches_synchronous(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "n.db") as normal:
+        assert normal.storage_info()["synchronous"] == "normal"
+    with Ledger(tmp_path / "f.db", durability="full") as full:
+        info = full.storage_info()
+        assert (info["synchronous"], info["durability"]) == ("full", "full")
+    with pytest.raises(InvalidInput):
+        Ledger(tmp_path / "x.db", durability="fast")
+
+
+def test_storage_info_has_the_peer_keys(ledger: Ledger) -> None:
+    info = ledger.storage_info()
+    assert info["journal_mode"] == "wal"
+    assert info["busy_timeout_ms"] == 5000
+    assert info["foreign_keys"] is True
+    assert info["permission_model"] == "posix_mode"
+
+
+def test_read_only_open_requires_an_existing_private_file(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    with pytest.raises(InvalidInput):
+        Ledger(missing, read_only=True)
+    assert not missing.exists()
+    db = tmp_path / "ledger.db"
+    Ledger(db).close()
+    db.chmod(0o640)
+    with pytest.raises(InvalidInput):
+        Ledger(db, read_only=True)
+    assert mode(db) == 0o640
+
+
+def test_read_only_handle_refuses_writes_and_touches_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as writer:
+        task = writer.create_task()
+    before = (db.read_bytes(), db.stat().st_mtime_ns, sorted(os.listdir(tmp_path)))
+    with Ledger(db, read_only=True) as reader:
+        assert reader.get_task(task.id) == Ledger(db, read_only=True).get_task(task.id)
+        for call in (
+            lambda: reader.create_task(),
+            lambda: reader.start_task(task.id),
+            lambda: reader.close_task(task.id, "failed"),
+        ):
+            with pytest.raises(StateConflict):
+                call()
+        assert reader.storage_info()["journal_mode"] == "memory"
+    after = (db.read_bytes(), db.stat().st_mtime_ns, sorted(os.listdir(tmp_path)))
+    assert after == before
+
+
+def test_no_free_text_reaches_the_file(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    marker = "SECRET-MARKER-7731"
+    with Ledger(db) as ledger:
+        task = ledger.create_task(tenant="acme")
+        for bad in (
+            lambda: ledger.create_task(tenant=marker + " x"),
+            lambda: ledger.close_task(task.id, "failed", code=marker),
+            lambda: ledger.get_task(marker),
+        ):
+            with pytest.raises(InvalidInput) as info:
+                bad()
+            assert marker not in str(info.value)
+    blob = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert marker.encode() not in blob
+    assert str(tmp_path).encode() not in blob
