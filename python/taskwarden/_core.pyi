@@ -68,5 +68,15 @@ class LedgerCore:
         attempt: object = None,
     ) -> TaskRow: ...
     def set_delivery(self, task_id: object, status: object, *, code: object = None) -> TaskRow: ...
+    def reconcile(
+        self,
+        *,
+        active_grace_seconds: object,
+        delivery_grace_seconds: object,
+        dry_run: object,
+        worker_lost: object = None,
+        tenant: object = None,
+    ) -> dict[str, Any]:
+        """Time out lost running tasks and expire pending deliveries (or count them)."""
     def storage_info(self) -> dict[str, Any]: ...
     def is_read_only(self) -> bool: ...

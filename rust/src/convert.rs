@@ -7,6 +7,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
 use crate::errors::{Error, Result};
 use crate::fsm::{DeliveryStatus, TaskStatus};
+use crate::reconcile::Report;
 use crate::store::StorageInfo;
 use crate::task::TaskRow;
 use crate::validate;
@@ -203,5 +204,20 @@ pub fn storage_dict<'py>(py: Python<'py>, info: &StorageInfo) -> PyResult<Bound<
     d.set_item("permission_model", info.permission_model)?;
     d.set_item("durability", info.durability)?;
     d.set_item("synchronous", info.synchronous)?;
+    Ok(d)
+}
+
+/// A reconcile report as a dict with the peer's keys, in the peer's order.
+pub fn reconcile_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("dry_run", r.dry_run)?;
+    d.set_item("applied", r.applied)?;
+    d.set_item("active_examined", r.active_examined)?;
+    d.set_item("tasks_timed_out", r.tasks_timed_out)?;
+    d.set_item("fresh_active_retained", r.fresh_active_retained)?;
+    d.set_item("pending_delivery_examined", r.pending_delivery_examined)?;
+    d.set_item("deliveries_failed", r.deliveries_failed)?;
+    d.set_item("deliveries_not_applicable", r.deliveries_not_applicable)?;
+    d.set_item("pending_delivery_retained", r.pending_delivery_retained)?;
     Ok(d)
 }

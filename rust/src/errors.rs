@@ -58,7 +58,7 @@ impl From<rusqlite::Error> for Error {
                 Error::Conflict("stored task metadata failed validation")
             }
             Some(ErrorCode::SystemIoFailure) => Error::Storage("i/o error"),
-            Some(ErrorCode::CannotOpen) => Error::Storage("database cannot be opened"),
+            Some(ErrorCode::CannotOpen) => Error::Conflict("database connection failed"),
             Some(ErrorCode::OutOfMemory) => Error::Storage("out of memory"),
             Some(ErrorCode::OperationInterrupted) => Error::Storage("operation interrupted"),
             Some(_) => Error::Storage("database operation failed"),

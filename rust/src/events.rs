@@ -90,6 +90,33 @@ pub fn append(tx: &Transaction<'_>, prev: &str, event: &Event) -> Result<String>
     Ok(hash)
 }
 
+/// Registers `tw_event_hash(prev, task_id, kind, from, to, at, code, worker)`
+/// so set-based statements (reconcile) can extend each task's chain in one
+/// pass, with exactly the hash [`chain_hash`] computes.
+pub fn register_sql_functions(conn: &rusqlite::Connection) -> Result<()> {
+    use rusqlite::functions::FunctionFlags;
+    conn.create_scalar_function(
+        "tw_event_hash",
+        8,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let prev: String = ctx.get(0)?;
+            let event = Event {
+                task_id: ctx.get(1)?,
+                kind: ctx.get(2)?,
+                from: ctx.get(3)?,
+                to: ctx.get(4)?,
+                at: ctx.get(5)?,
+                code: ctx.get(6)?,
+                worker: ctx.get(7)?,
+                grant: None,
+            };
+            Ok(chain_hash(&prev, &event))
+        },
+    )?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,14 +103,22 @@ pub fn prepare_parent(path: &DbPath, create: bool) -> Result<()> {
     Ok(())
 }
 
-/// The direct parent must belong to us and be writable by nobody else;
-/// every shared-writable ancestor must carry the sticky bit.
-pub fn check_parent_security(path: &DbPath, euid: u32) -> Result<()> {
-    const UNSAFE: Error = Error::Invalid("database parent permissions are unsafe");
+const UNSAFE: Error = Error::Invalid("database parent permissions are unsafe");
+
+/// The directory holding the file belongs to us and nobody else may write
+/// to it: checked before every operation, as it is the cheap half.
+pub fn check_direct_parent(path: &DbPath, euid: u32) -> Result<()> {
     let meta = fs::metadata(&path.parent).map_err(|_| UNSAFE)?;
     if meta.uid() != euid || meta.mode() & 0o022 != 0 {
         return Err(UNSAFE);
     }
+    Ok(())
+}
+
+/// The direct parent must belong to us and be writable by nobody else;
+/// every shared-writable ancestor must carry the sticky bit.
+pub fn check_parent_security(path: &DbPath, euid: u32) -> Result<()> {
+    check_direct_parent(path, euid)?;
     for ancestor in path.parent.ancestors().skip(1) {
         let meta = fs::metadata(ancestor).map_err(|_| UNSAFE)?;
         if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {

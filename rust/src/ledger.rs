@@ -6,10 +6,11 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::convert;
 use crate::errors::{Error, Result};
+use crate::reconcile::{self, Policy};
 use crate::snapshot;
 use crate::store::{Durability, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
@@ -73,6 +74,14 @@ impl LedgerCore {
     }
 }
 
+/// SQLite takes the busy timeout as a C int of milliseconds.
+fn busy_ms(value: i64) -> Result<u32> {
+    i32::try_from(value)
+        .ok()
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or(Error::Invalid("busy_timeout_ms is too large"))
+}
+
 fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) -> Result<Fence> {
     Ok(Fence {
         worker: convert::opt_name(worker)?,
@@ -101,8 +110,7 @@ impl LedgerCore {
             .ok_or(Error::Invalid("database path is invalid"))?;
         let busy = convert::amount(busy_timeout_ms)?;
         let opts = OpenOptions {
-            busy_timeout_ms: u32::try_from(busy)
-                .map_err(|_| Error::Invalid("busy_timeout_ms is too large"))?,
+            busy_timeout_ms: busy_ms(busy)?,
             durability: Durability::parse(
                 &convert::opt_text(Some(durability), "durability must be 'normal' or 'full'")?
                     .unwrap_or_default(),
@@ -127,8 +135,7 @@ impl LedgerCore {
         busy_timeout_ms: &Bound<'_, PyAny>,
         clock: Option<Py<PyAny>>,
     ) -> PyResult<LedgerCore> {
-        let busy = u32::try_from(convert::amount(busy_timeout_ms)?)
-            .map_err(|_| Error::Invalid("busy_timeout_ms is too large"))?;
+        let busy = busy_ms(convert::amount(busy_timeout_ms)?)?;
         Ok(LedgerCore {
             store: Mutex::new(Some(Store::in_memory(busy)?)),
             clock,
@@ -271,6 +278,34 @@ impl LedgerCore {
         self.write_task(py, |tx, clock| {
             tasks::set_delivery(tx, &id, to, code.as_deref(), clock)
         })
+    }
+
+    #[pyo3(signature = (*, active_grace_seconds, delivery_grace_seconds, dry_run, worker_lost=None,
+                        tenant=None))]
+    fn reconcile<'py>(
+        &self,
+        py: Python<'py>,
+        active_grace_seconds: &Bound<'py, PyAny>,
+        delivery_grace_seconds: &Bound<'py, PyAny>,
+        dry_run: &Bound<'py, PyAny>,
+        worker_lost: Option<&Bound<'py, PyAny>>,
+        tenant: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let dry_run = convert::flag(dry_run)?;
+        let policy = Policy {
+            active_grace: convert::seconds(active_grace_seconds)?,
+            delivery_grace: convert::seconds(delivery_grace_seconds)?,
+            worker_lost: convert::opt_name(worker_lost)?,
+            tenant: convert::opt_name(tenant)?,
+        };
+        let report = self.run(py, |store, clock| {
+            if dry_run {
+                store.read(|tx| reconcile::preview(tx, &policy, clock))
+            } else {
+                store.write(|tx| reconcile::apply(tx, &policy, clock))
+            }
+        })?;
+        convert::reconcile_dict(py, &report)
     }
 
     fn storage_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {

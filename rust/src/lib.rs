@@ -10,6 +10,7 @@ mod events;
 mod fsguard;
 mod fsm;
 mod ledger;
+mod reconcile;
 mod schema;
 mod snapshot;
 mod store;

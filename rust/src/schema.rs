@@ -85,7 +85,7 @@ CREATE TABLE tasks (
     )
 );
 CREATE TABLE task_events (
-    sequence INTEGER PRIMARY KEY AUTOINCREMENT,
+    sequence INTEGER PRIMARY KEY,
     task_id TEXT NOT NULL REFERENCES tasks(id),
     event_kind TEXT NOT NULL CHECK (
         event_kind IN ('created','task_transition','delivery_transition','budget_granted')

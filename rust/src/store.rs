@@ -8,6 +8,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, MAIN_DB};
 
 use crate::errors::{Error, Result};
+use crate::events;
 use crate::fsguard::{self, DbPath, Identity, Sidecars};
 use crate::schema::{self, Found};
 use crate::snapshot;
@@ -196,10 +197,17 @@ impl Store {
                         journal_mode: "wal"
                     }
                 ) {
-                    let image = self.conn.serialize(MAIN_DB)?;
+                    let mut image = self.conn.serialize(MAIN_DB)?.to_vec();
+                    // As in the snapshot: SQLite cannot load a WAL-mode image
+                    // into memory until its header says rollback journal.
+                    if image.len() >= 20 {
+                        image[18] = 1;
+                        image[19] = 1;
+                    }
                     let mut copy = Connection::open_in_memory()?;
                     copy.deserialize_read_exact(MAIN_DB, &image[..], image.len(), false)?;
                     drop(image);
+                    events::register_sql_functions(&copy)?;
                     self.conn = copy;
                     self.backing = Backing::ReadOnly {
                         journal_mode: "memory",
@@ -223,6 +231,7 @@ impl Store {
         self.conn
             .pragma_update(None, "synchronous", self.durability.pragma())?;
         self.conn.set_prepared_statement_cache_capacity(64);
+        events::register_sql_functions(&self.conn)?;
         Ok(())
     }
 

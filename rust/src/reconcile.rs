@@ -1,0 +1,260 @@
+//! Restart reconciliation (SPEC §5): which `running` rows are lies, and
+//! which pending deliveries will never be confirmed.
+//!
+//! Decisions are SQL predicates shared by the dry run (counts only) and the
+//! apply (set-based writes), so the two can never disagree. Each transition
+//! still gets its chained event: the hash is computed by a Rust SQL function
+//! inside the same statements.
+
+use rusqlite::{named_params, Transaction};
+
+use crate::errors::{Error, Result};
+use crate::tasks::Clock;
+
+/// What to reconcile.
+#[derive(Clone, Debug, Default)]
+pub struct Policy {
+    /// A running task not updated for this long is `restart_stale`.
+    pub active_grace: f64,
+    /// A pending delivery this long after the task ended has failed.
+    pub delivery_grace: f64,
+    /// This worker's running tasks are timed out now (`worker_lost`).
+    pub worker_lost: Option<String>,
+    /// Only this tenant's tasks are examined.
+    pub tenant: Option<String>,
+}
+
+/// The peer's report: counts only, never an id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub dry_run: bool,
+    pub applied: bool,
+    pub active_examined: i64,
+    pub tasks_timed_out: i64,
+    pub fresh_active_retained: i64,
+    pub pending_delivery_examined: i64,
+    pub deliveries_failed: i64,
+    pub deliveries_not_applicable: i64,
+    pub pending_delivery_retained: i64,
+}
+
+const TENANT: &str = "(:tenant IS NULL OR tenant = :tenant)";
+
+/// Running tasks that are past their deadline, stale, or owned by a lost
+/// worker. All thresholds are inclusive (peer rule).
+const TIMED_OUT: &str = "status = 'running' AND (:tenant IS NULL OR tenant = :tenant) AND (
+    (deadline_at IS NOT NULL AND deadline_at <= :now) OR updated_at <= :stale
+    OR (:worker IS NOT NULL AND owner = :worker))";
+
+/// The code, by precedence: deadline, then stale, then lost worker.
+const TIMEOUT_CODE: &str = "CASE WHEN deadline_at IS NOT NULL AND deadline_at <= :now \
+    THEN 'deadline_exceeded' WHEN updated_at <= :stale THEN 'restart_stale' ELSE 'worker_lost' END";
+
+/// Terminal tasks (ended_at is set exactly when terminal) whose pending
+/// delivery outlived its grace.
+const EXPIRED: &str = "delivery_status = 'pending' AND ended_at IS NOT NULL AND ended_at <= :dcut \
+    AND delivery_required = :required AND (:tenant IS NULL OR tenant = :tenant)";
+
+struct Cutoffs {
+    now: f64,
+    stale: f64,
+    dcut: f64,
+}
+
+fn count(tx: &Transaction<'_>, sql: &str, params: &[(&str, &dyn rusqlite::ToSql)]) -> Result<i64> {
+    Ok(tx.prepare_cached(sql)?.query_row(params, |r| r.get(0))?)
+}
+
+fn active_count(tx: &Transaction<'_>, tenant: Option<&str>) -> Result<i64> {
+    count(
+        tx,
+        &format!("SELECT count(*) FROM tasks WHERE status IN ('queued','running') AND {TENANT}"),
+        named_params! {":tenant": tenant},
+    )
+}
+
+fn pending_count(tx: &Transaction<'_>, tenant: Option<&str>) -> Result<i64> {
+    count(
+        tx,
+        &format!(
+            "SELECT count(*) FROM tasks WHERE delivery_status = 'pending' \
+             AND ended_at IS NOT NULL AND {TENANT}"
+        ),
+        named_params! {":tenant": tenant},
+    )
+}
+
+fn timed_out_count(
+    tx: &Transaction<'_>,
+    p: &Policy,
+    c: &Cutoffs,
+    required: Option<bool>,
+) -> Result<i64> {
+    let filter = match required {
+        Some(true) => " AND delivery_required = 1",
+        Some(false) => " AND delivery_required = 0",
+        None => "",
+    };
+    count(
+        tx,
+        &format!("SELECT count(*) FROM tasks WHERE {TIMED_OUT}{filter}"),
+        named_params! {":tenant": p.tenant, ":now": c.now, ":stale": c.stale, ":worker": p.worker_lost},
+    )
+}
+
+/// The peer fails the whole reconcile if a task it would time out carries a
+/// timestamp later than `now`: the clock is not trusted then.
+fn check_forward_time(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs) -> Result<()> {
+    let behind = count(
+        tx,
+        &format!(
+            "SELECT count(*) FROM tasks WHERE {TIMED_OUT} \
+             AND (created_at > :now OR started_at > :now OR updated_at > :now)"
+        ),
+        named_params! {":tenant": p.tenant, ":now": c.now, ":stale": c.stale, ":worker": p.worker_lost},
+    )?;
+    if behind > 0 {
+        return Err(Error::Conflict(
+            "clock moved backwards relative to stored state",
+        ));
+    }
+    Ok(())
+}
+
+fn expired_count(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs, required: bool) -> Result<i64> {
+    count(
+        tx,
+        &format!("SELECT count(*) FROM tasks WHERE {EXPIRED}"),
+        named_params! {":tenant": p.tenant, ":dcut": c.dcut, ":required": required},
+    )
+}
+
+fn cutoffs(now: f64, p: &Policy) -> Cutoffs {
+    Cutoffs {
+        now,
+        stale: now - p.active_grace,
+        dcut: now - p.delivery_grace,
+    }
+}
+
+/// Counts what [`apply`] would do, writing nothing. The read snapshot is
+/// fixed by the first count before the clock is read (peer order).
+pub fn preview(tx: &Transaction<'_>, p: &Policy, clock: Clock<'_>) -> Result<Report> {
+    let active = active_count(tx, p.tenant.as_deref())?;
+    let c = cutoffs(clock()?, p);
+    let timed_out = timed_out_count(tx, p, &c, None)?;
+    if timed_out > 0 {
+        check_forward_time(tx, p, &c)?;
+    }
+    let pending = pending_count(tx, p.tenant.as_deref())?;
+    let (mut failed, mut not_applicable) = (
+        expired_count(tx, p, &c, true)?,
+        expired_count(tx, p, &c, false)?,
+    );
+    // Tasks timed out in this pass end at `now`; their delivery expires in
+    // the same pass only when `now <= now - grace` (a grace of zero).
+    if timed_out > 0 && c.now <= c.dcut {
+        let required = timed_out_count(tx, p, &c, Some(true))?;
+        failed += required;
+        not_applicable += timed_out - required;
+    }
+    Ok(report(
+        true,
+        active,
+        timed_out,
+        pending + timed_out,
+        failed,
+        not_applicable,
+    ))
+}
+
+fn report(
+    dry_run: bool,
+    active: i64,
+    timed_out: i64,
+    examined: i64,
+    failed: i64,
+    na: i64,
+) -> Report {
+    Report {
+        dry_run,
+        applied: !dry_run,
+        active_examined: active,
+        tasks_timed_out: timed_out,
+        fresh_active_retained: active - timed_out,
+        pending_delivery_examined: examined,
+        deliveries_failed: failed,
+        deliveries_not_applicable: na,
+        pending_delivery_retained: examined - failed - na,
+    }
+}
+
+/// Applies every decision in the caller's write transaction, all stamped
+/// with one `now` read after the lock is held (peer order).
+pub fn apply(tx: &Transaction<'_>, p: &Policy, clock: Clock<'_>) -> Result<Report> {
+    let c = cutoffs(clock()?, p);
+    let active = active_count(tx, p.tenant.as_deref())?;
+    check_forward_time(tx, p, &c)?;
+    let pending = pending_count(tx, p.tenant.as_deref())?;
+    let timed_out = time_out(tx, p, &c)?;
+    let failed = expire_deliveries(tx, p, &c, true)?;
+    let not_applicable = expire_deliveries(tx, p, &c, false)?;
+    Ok(report(
+        false,
+        active,
+        timed_out,
+        pending + timed_out,
+        failed,
+        not_applicable,
+    ))
+}
+
+fn time_out(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs) -> Result<i64> {
+    let hash = format!(
+        "tw_event_hash(event_head, id, 'task_transition', 'running', 'timed_out', :now, \
+         {TIMEOUT_CODE}, NULL)"
+    );
+    let params = named_params! {":tenant": p.tenant, ":now": c.now, ":stale": c.stale, ":worker": p.worker_lost};
+    tx.prepare_cached(&format!(
+        "INSERT INTO task_events (task_id, event_kind, from_value, to_value, occurred_at, code, event_hash)
+         SELECT id, 'task_transition', 'running', 'timed_out', :now, {TIMEOUT_CODE}, {hash}
+         FROM tasks WHERE {TIMED_OUT} ORDER BY created_at, id"
+    ))?
+    .execute(params)?;
+    let changed = tx
+        .prepare_cached(&format!(
+            "UPDATE tasks SET status = 'timed_out', updated_at = :now, ended_at = :now,
+                terminal_code = {TIMEOUT_CODE}, park_code = NULL, version = version + 1,
+                event_head = {hash}
+             WHERE {TIMED_OUT}"
+        ))?
+        .execute(params)?;
+    Ok(changed as i64)
+}
+
+fn expire_deliveries(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs, required: bool) -> Result<i64> {
+    let (to, code) = if required {
+        ("failed", "delivery_grace_expired")
+    } else {
+        ("not_applicable", "internal_task")
+    };
+    let hash = format!(
+        "tw_event_hash(event_head, id, 'delivery_transition', 'pending', '{to}', :now, '{code}', NULL)"
+    );
+    let params =
+        named_params! {":tenant": p.tenant, ":now": c.now, ":dcut": c.dcut, ":required": required};
+    tx.prepare_cached(&format!(
+        "INSERT INTO task_events (task_id, event_kind, from_value, to_value, occurred_at, code, event_hash)
+         SELECT id, 'delivery_transition', 'pending', '{to}', :now, '{code}', {hash}
+         FROM tasks WHERE {EXPIRED} ORDER BY ended_at, id"
+    ))?
+    .execute(params)?;
+    let changed = tx
+        .prepare_cached(&format!(
+            "UPDATE tasks SET delivery_status = '{to}', delivery_code = '{code}',
+                delivery_updated_at = :now, version = version + 1, event_head = {hash}
+             WHERE {EXPIRED}"
+        ))?
+        .execute(params)?;
+    Ok(changed as i64)
+}

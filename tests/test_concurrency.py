@@ -1,0 +1,228 @@
+"""Threads and processes sharing one ledger file (SPEC §2.3), lock contention
+surfacing as ``LedgerBusy`` (SPEC §2.1 weak spots), and a constructor that
+takes no write lock."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from taskwarden import Ledger
+from taskwarden.errors import LedgerBusy, StateConflict
+
+from .conftest import run_cli
+
+SPAWN = multiprocessing.get_context("spawn")
+PROCESSES = 4
+PROCESS_LIFECYCLES = 150
+THREADS = 12
+THREAD_LIFECYCLES = 100
+EXPECTED_EVENTS = [
+    ("created", None, "queued"),
+    ("task_transition", "queued", "running"),
+    ("task_transition", "running", "succeeded"),
+    ("delivery_transition", "pending", "delivered"),
+]
+
+
+def _lifecycle(ledger: Ledger) -> str:
+    task = ledger.create_task()
+    ledger.start_task(task.id)
+    ledger.heartbeat(task.id)
+    ledger.close_task(task.id, "succeeded")
+    ledger.set_delivery(task.id, "delivered")
+    return task.id
+
+
+def _process_worker(path: str, count: int, barrier: Any, results: Any) -> None:
+    """Runs in a spawned process: ``count`` full lifecycles on its own Ledger."""
+    try:
+        with Ledger(path, busy_timeout_ms=60_000) as ledger:
+            barrier.wait(timeout=120)
+            ids = [_lifecycle(ledger) for _ in range(count)]
+        results.put(("ok", os.getpid(), ids))
+    except BaseException as exc:
+        results.put(("error", os.getpid(), f"{type(exc).__name__}: {exc}"))
+
+
+def _hold_write_lock(path: str, ready: Any, release: Any, hold_seconds: float) -> None:
+    """Runs in a spawned process: hold SQLite's write lock with plain sqlite3."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("BEGIN IMMEDIATE")
+        ready.set()
+        release.wait(hold_seconds)
+        conn.execute("ROLLBACK")
+
+
+@contextlib.contextmanager
+def write_lock_held(path: Path, hold_seconds: float = 15.0) -> Iterator[Any]:
+    """Another process holds ``BEGIN IMMEDIATE`` on ``path`` inside this block:
+    from before the block runs until it ends (``hold_seconds`` at most)."""
+    ready, release = SPAWN.Event(), SPAWN.Event()
+    holder = SPAWN.Process(target=_hold_write_lock, args=(str(path), ready, release, hold_seconds))
+    holder.start()
+    try:
+        assert ready.wait(60), "lock holder did not start"
+        yield holder
+    finally:
+        release.set()
+        holder.join(60)
+        if holder.is_alive():
+            holder.kill()
+            holder.join()
+    assert holder.exitcode == 0
+
+
+def event_chains(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    chains: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(
+            "SELECT task_id, event_kind, from_value, to_value FROM task_events "
+            "ORDER BY task_id, sequence"
+        )
+        for task_id, kind, before, after in rows:
+            chains[task_id].append((kind, before, after))
+    return dict(chains)
+
+
+def event_counts(path: Path) -> dict[str, int]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return dict(conn.execute("SELECT task_id, COUNT(*) FROM task_events GROUP BY task_id"))
+
+
+def task_count(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
+
+
+def assert_all_closed(path: Path, ids: list[str]) -> None:
+    assert len(ids) == len(set(ids))
+    with Ledger(path) as ledger:
+        for task_id in ids:
+            task = ledger.get_task(task_id)
+            assert (task.status, task.delivery_status, task.version) == (
+                "succeeded",
+                "delivered",
+                4,
+            )
+            assert task.attempt_count == 1
+    assert task_count(path) == len(ids)
+    counts = event_counts(path)
+    assert set(counts) == set(ids)
+    assert set(counts.values()) == {4}
+    chains = event_chains(path)
+    assert all(chain == EXPECTED_EVENTS for chain in chains.values())
+
+
+def test_processes_share_one_file(db_path: Path) -> None:
+    with Ledger(db_path):
+        pass
+    barrier = SPAWN.Barrier(PROCESSES)
+    results = SPAWN.Queue()
+    workers = [
+        SPAWN.Process(
+            target=_process_worker, args=(str(db_path), PROCESS_LIFECYCLES, barrier, results)
+        )
+        for _ in range(PROCESSES)
+    ]
+    for worker in workers:
+        worker.start()
+    outcomes = []
+    try:
+        for _ in workers:
+            outcomes.append(results.get(timeout=120))
+    except queue.Empty:
+        pytest.fail("a worker process did not report")
+    finally:
+        for worker in workers:
+            worker.join(60)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+        results.close()
+        results.join_thread()
+    errors = [o for o in outcomes if o[0] != "ok"]
+    assert errors == []
+    assert [w.exitcode for w in workers] == [0] * PROCESSES
+    assert len({pid for _, pid, _ in outcomes}) == PROCESSES
+    ids = [task_id for _, _, chunk in outcomes for task_id in chunk]
+    assert len(ids) == PROCESSES * PROCESS_LIFECYCLES
+    assert_all_closed(db_path, ids)
+
+
+def test_threads_share_one_ledger(db_path: Path) -> None:
+    barrier = threading.Barrier(THREADS)
+
+    def work(_: int) -> list[str]:
+        barrier.wait(timeout=60)
+        return [_lifecycle(ledger) for _ in range(THREAD_LIFECYCLES)]
+
+    with Ledger(db_path) as ledger:
+        with ThreadPoolExecutor(max_workers=THREADS) as pool:
+            chunks = list(pool.map(work, range(THREADS)))
+        ids = [task_id for chunk in chunks for task_id in chunk]
+        assert len(ids) == THREADS * THREAD_LIFECYCLES
+    assert_all_closed(db_path, ids)
+
+
+def test_lock_timeout_is_ledger_busy_and_writes_nothing(db_path: Path) -> None:
+    with Ledger(db_path, busy_timeout_ms=100) as ledger:
+        existing = ledger.create_task()
+        with write_lock_held(db_path):
+            started = time.monotonic()
+            with pytest.raises(LedgerBusy) as caught:
+                ledger.create_task()
+            waited = time.monotonic() - started
+            assert isinstance(caught.value, StateConflict)
+            assert not isinstance(caught.value, sqlite3.Error)
+            assert 0.05 <= waited < 3.0  # the 100 ms budget, not the lock's lifetime
+            with pytest.raises(LedgerBusy):
+                ledger.start_task(existing.id)
+            # Readers are not blocked by a writer in WAL mode.
+            assert ledger.get_task(existing.id) == existing
+        assert task_count(db_path) == 1
+        created = ledger.create_task()
+        assert ledger.get_task(created.id) == created
+        task = ledger.start_task(existing.id)
+        assert (task.status, task.version) == ("running", 1)
+    assert task_count(db_path) == 2
+
+
+def test_cli_reports_lock_timeout_as_ledger_busy(db_path: Path) -> None:
+    with Ledger(db_path):
+        pass
+    with write_lock_held(db_path):
+        code, parsed, stdout = run_cli("--db", str(db_path), "--busy-timeout-ms", "100", "create")
+        assert code == 2
+        assert parsed == {"error": "LedgerBusy", "ok": False}
+        assert stdout.count("\n") == 1
+    assert task_count(db_path) == 0
+    code, parsed, _ = run_cli("--db", str(db_path), "--busy-timeout-ms", "100", "create")
+    assert code == 0
+    assert parsed["ok"] is True
+    assert task_count(db_path) == 1
+
+
+def test_constructor_takes_no_write_lock(db_path: Path) -> None:
+    with Ledger(db_path) as ledger:
+        task = ledger.create_task()
+    with write_lock_held(db_path):
+        started = time.monotonic()
+        with Ledger(db_path, busy_timeout_ms=100) as ledger:
+            assert ledger.get_task(task.id) == task
+            assert ledger.storage_info()["journal_mode"] == "wal"
+        assert time.monotonic() - started < 1.0
+        code, parsed, _ = run_cli("--db", str(db_path), "--busy-timeout-ms", "100", "get", task.id)
+        assert (code, parsed["task"]["id"]) == (0, task.id)
