@@ -1,20 +1,25 @@
 """taskwarden: an embedded, crash-honest task-state ledger for AI-agent fleets."""
 
 from ._core import __version__, payload_fingerprint
+from .compat import TRANSITIONS, can_transition, reconcile_restart
 from .errors import InvalidInput, LedgerBusy, LedgerError, StateConflict, TaskNotFound
 from .ledger import Ledger
-from .models import DeliveryStatus, Task, TaskStatus
+from .models import DeliveryStatus, ReconcilePolicy, Task, TaskStatus
 
 __all__ = [
+    "TRANSITIONS",
     "DeliveryStatus",
     "InvalidInput",
     "Ledger",
     "LedgerBusy",
     "LedgerError",
+    "ReconcilePolicy",
     "StateConflict",
     "Task",
     "TaskNotFound",
     "TaskStatus",
     "__version__",
+    "can_transition",
     "payload_fingerprint",
+    "reconcile_restart",
 ]

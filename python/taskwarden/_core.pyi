@@ -17,6 +17,9 @@ def payload_fingerprint(payload: str | bytes) -> str:
 def can_transition(from_status: str, to_status: str) -> bool:
     """True when the state machine has the edge (aliases accepted)."""
 
+def non_negative_seconds(value: object) -> float:
+    """A finite number of seconds >= 0 (anything ``float()`` takes but a bool)."""
+
 class LedgerCore:
     """One open ledger; every method runs with the interpreter released."""
 

@@ -81,6 +81,31 @@ def _add_lifecycle(sub: Any, common: argparse.ArgumentParser) -> None:
     delivery.add_argument("--code", help="reason code from the registry")
 
 
+def _add_recovery(sub: Any, common: argparse.ArgumentParser) -> None:
+    rec = sub.add_parser(
+        "reconcile",
+        parents=[common],
+        help="time out lost running tasks and expired deliveries (--dry-run: preview)",
+    )
+    rec.add_argument("--active-grace-seconds", type=float, default=600.0, help="default 600")
+    rec.add_argument("--delivery-grace-seconds", type=float, default=600.0, help="default 600")
+    rec.add_argument(
+        "--dry-run", action="store_true", help="read-only preview: counts, nothing written"
+    )
+    rec.add_argument("--worker-lost", help="time out this worker's running tasks now")
+    rec.add_argument("--tenant", help="only this tenant's tasks")
+    rec.add_argument(
+        "--snapshot-max-mib",
+        type=int,
+        default=64,
+        help="largest file a dry run copies into memory (default 64)",
+    )
+    demo = sub.add_parser(
+        "demo", parents=[common], help="a synthetic restart: preview, apply, recheck"
+    )
+    demo.add_argument("--keep-db", metavar="PATH", help="build the demo ledger here and keep it")
+
+
 def _add_fence(command: argparse.ArgumentParser) -> None:
     command.add_argument("--worker", help="refuse unless this worker holds the claim")
     command.add_argument("--attempt", type=int, help="refuse unless this is the current attempt")
@@ -100,11 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--busy-timeout-ms", type=int, default=5000, help="lock wait (default 5000)"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_lifecycle(sub, _common())
+    common = _common()
+    _add_lifecycle(sub, common)
+    _add_recovery(sub, common)
     return parser
 
 
-def _open(args: argparse.Namespace, *, read_only: bool = False) -> Ledger:
+def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) -> Ledger:
     if args.db is None:
         raise InvalidInput("--db is required for this command")
     return Ledger(
@@ -112,6 +139,7 @@ def _open(args: argparse.Namespace, *, read_only: bool = False) -> Ledger:
         allow_external_acl=args.allow_external_acl,
         busy_timeout_ms=args.busy_timeout_ms,
         read_only=read_only,
+        **options,
     )
 
 
@@ -171,6 +199,28 @@ def _cmd_delivery(args: argparse.Namespace) -> dict[str, Any]:
         return _task(ledger.set_delivery(args.task_id, args.status, code=args.code))
 
 
+def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
+    if args.snapshot_max_mib is not None and args.snapshot_max_mib < 0:
+        raise InvalidInput("snapshot size must not be negative")
+    options = {"snapshot_max_bytes": args.snapshot_max_mib * 1024 * 1024}
+    with _open(args, read_only=args.dry_run, **options) as ledger:
+        report = ledger.reconcile(
+            active_grace_seconds=args.active_grace_seconds,
+            delivery_grace_seconds=args.delivery_grace_seconds,
+            dry_run=args.dry_run,
+            worker_lost=args.worker_lost,
+            tenant=args.tenant,
+        )
+    return {"ok": True, "reconcile": report}
+
+
+def _cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
+    from .demo import explain, run_demo
+
+    reports = run_demo(args.keep_db)
+    return {"ok": True, "demo": reports, "_explain": explain(reports)}
+
+
 Command = Callable[[argparse.Namespace], dict[str, Any]]
 
 COMMANDS: dict[str, Command] = {
@@ -181,6 +231,8 @@ COMMANDS: dict[str, Command] = {
     "heartbeat": _cmd_heartbeat,
     "close": _cmd_close,
     "delivery": _cmd_delivery,
+    "reconcile": _cmd_reconcile,
+    "demo": _cmd_demo,
 }
 
 
@@ -192,7 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         fmt = getattr(args, "format", "json")
         payload = COMMANDS[args.command](args)
         healthy = payload.pop("_healthy", True)
-        emit(payload, fmt)
+        explanation = payload.pop("_explain", None)
+        if fmt == "text" and explanation:
+            print("\n".join(explanation))
+        else:
+            emit(payload, fmt)
         return EXIT_OK if healthy else EXIT_UNHEALTHY
     except LedgerError as exc:
         emit({"ok": False, "error": type(exc).__name__}, fmt)

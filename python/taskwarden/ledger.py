@@ -175,6 +175,30 @@ class Ledger:
         """Record a terminal task's delivery outcome."""
         return Task._from_core(self._core.set_delivery(task_id, status, code=code))
 
+    def reconcile(
+        self,
+        *,
+        active_grace_seconds: float,
+        delivery_grace_seconds: float,
+        dry_run: bool = False,
+        worker_lost: str | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        """Time out running tasks past their deadline or silent for
+        ``active_grace_seconds`` (or owned by ``worker_lost``), and close
+        pending deliveries of tasks that ended ``delivery_grace_seconds``
+        ago. ``dry_run=True`` counts the same decisions and writes nothing.
+        Returns counts only, never ids."""
+        return dict(
+            self._core.reconcile(
+                active_grace_seconds=active_grace_seconds,
+                delivery_grace_seconds=delivery_grace_seconds,
+                dry_run=dry_run,
+                worker_lost=worker_lost,
+                tenant=tenant,
+            )
+        )
+
     def storage_info(self) -> dict[str, Any]:
         """Journal mode, busy timeout, foreign keys, permission model, durability."""
         return dict(self._core.storage_info())

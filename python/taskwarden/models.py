@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["DeliveryStatus", "Task", "TaskStatus"]
+__all__ = ["DeliveryStatus", "ReconcilePolicy", "Task", "TaskStatus"]
 
 
 class TaskStatus(StrEnum):
@@ -123,3 +123,17 @@ class Task:
         if include_payload_hash:
             out["payload_hash"] = self.payload_hash
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilePolicy:
+    """Grace periods for ``reconcile_restart`` (seconds, inclusive thresholds)."""
+
+    active_grace_seconds: float = 600.0
+    delivery_grace_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        from ._core import non_negative_seconds
+
+        for name in ("active_grace_seconds", "delivery_grace_seconds"):
+            object.__setattr__(self, name, non_negative_seconds(getattr(self, name)))

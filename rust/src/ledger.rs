@@ -335,3 +335,10 @@ pub fn can_transition(from: &Bound<'_, PyAny>, to: &Bound<'_, PyAny>) -> PyResul
         convert::task_status(to)?,
     ))
 }
+
+/// Checks a grace period or timeout: anything `float()` accepts except a
+/// bool, finite and at least 0. Returns it as a float.
+#[pyfunction]
+pub fn non_negative_seconds(value: &Bound<'_, PyAny>) -> PyResult<f64> {
+    Ok(convert::seconds(value)?)
+}

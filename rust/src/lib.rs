@@ -28,7 +28,7 @@ mod _core {
     #[pymodule_export]
     use crate::ledger::LedgerCore;
     #[pymodule_export]
-    use crate::ledger::{can_transition, payload_fingerprint};
+    use crate::ledger::{can_transition, non_negative_seconds, payload_fingerprint};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,0 +1,34 @@
+"""The task-state-guard 0.1.0 helpers, and the state machine as data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _core
+from .ledger import Ledger
+from .models import ReconcilePolicy, TaskStatus
+
+__all__ = ["TRANSITIONS", "can_transition", "reconcile_restart"]
+
+#: Every allowed edge of the task state machine: ``status -> allowed targets``.
+TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    TaskStatus(src): frozenset(TaskStatus(dst) for dst in targets)
+    for src, targets in _core.TRANSITIONS.items()
+}
+
+
+def can_transition(from_status: TaskStatus | str, to_status: TaskStatus | str) -> bool:
+    """True when the state machine allows ``from_status -> to_status``
+    (the aliases ``pending``, ``in_progress`` and ``completed`` are accepted)."""
+    return _core.can_transition(from_status, to_status)
+
+
+def reconcile_restart(
+    ledger: Ledger, policy: ReconcilePolicy, *, dry_run: bool = False
+) -> dict[str, Any]:
+    """Run ``ledger.reconcile`` with the policy's grace periods."""
+    return ledger.reconcile(
+        active_grace_seconds=policy.active_grace_seconds,
+        delivery_grace_seconds=policy.delivery_grace_seconds,
+        dry_run=dry_run,
+    )
