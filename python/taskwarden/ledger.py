@@ -60,7 +60,7 @@ class Ledger:
     ) -> None:
         try:
             raw = os.fspath(path)
-        except TypeError:
+        except Exception:
             raise InvalidInput("database path is invalid") from None
         if not isinstance(raw, str):
             raise InvalidInput("database path is invalid")
