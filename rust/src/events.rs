@@ -8,10 +8,12 @@ use rusqlite::{params, Transaction};
 use sha2::{Digest, Sha256};
 
 use crate::errors::Result;
-use crate::schema::hex;
+
+/// A chain hash: SHA-256, stored as a 32-byte blob.
+pub type Hash = [u8; 32];
 
 /// The hash a chain starts from (before a task's first event).
-pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+pub const GENESIS: Hash = [0; 32];
 
 /// Event kinds as stored.
 pub const CREATED: &str = "created";
@@ -38,7 +40,7 @@ pub struct Event {
 /// that no stored value may contain, and absent values are marked, so two
 /// different events never hash the same input.
 #[must_use]
-pub fn chain_hash(prev: &str, event: &Event) -> String {
+pub fn chain_hash(prev: &Hash, event: &Event) -> Hash {
     let mut h = Sha256::new();
     h.update(b"taskwarden-event-v1");
     let field = |h: &mut Sha256, value: Option<&str>| {
@@ -48,7 +50,7 @@ pub fn chain_hash(prev: &str, event: &Event) -> String {
             None => h.update([0x00]),
         }
     };
-    field(&mut h, Some(prev));
+    h.update(prev);
     field(&mut h, Some(&event.task_id));
     field(&mut h, Some(&event.kind));
     field(&mut h, event.from.as_deref());
@@ -58,12 +60,12 @@ pub fn chain_hash(prev: &str, event: &Event) -> String {
     field(&mut h, event.worker.as_deref());
     let grant = event.grant.map(|(c, t, m)| format!("{c}/{t}/{m}"));
     field(&mut h, grant.as_deref());
-    hex(&h.finalize())
+    h.finalize().into()
 }
 
 /// Appends `event` after `prev` and returns the new chain head, which the
 /// caller stores on the task row in the same transaction.
-pub fn append(tx: &Transaction<'_>, prev: &str, event: &Event) -> Result<String> {
+pub fn append(tx: &Transaction<'_>, prev: &Hash, event: &Event) -> Result<Hash> {
     let hash = chain_hash(prev, event);
     let (calls, tokens, cost) = match event.grant {
         Some((c, t, m)) => (Some(c), Some(t), Some(m)),
@@ -100,7 +102,7 @@ pub fn register_sql_functions(conn: &rusqlite::Connection) -> Result<()> {
         8,
         FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
         |ctx| {
-            let prev: String = ctx.get(0)?;
+            let prev: Hash = ctx.get::<Vec<u8>>(0)?.try_into().unwrap_or([0xff; 32]);
             let event = Event {
                 task_id: ctx.get(1)?,
                 kind: ctx.get(2)?,
@@ -111,7 +113,7 @@ pub fn register_sql_functions(conn: &rusqlite::Connection) -> Result<()> {
                 worker: ctx.get(7)?,
                 grant: None,
             };
-            Ok(chain_hash(&prev, &event))
+            Ok(chain_hash(&prev, &event).to_vec())
         },
     )?;
     Ok(())
@@ -136,7 +138,7 @@ mod tests {
 
     #[test]
     fn every_field_changes_the_hash() {
-        let base = chain_hash(GENESIS, &sample());
+        let base = chain_hash(&GENESIS, &sample());
         let mut variants = Vec::new();
         let mut e = sample();
         e.at = 1.500_000_1;
@@ -154,9 +156,9 @@ mod tests {
         e.grant = Some((1, 0, 0));
         variants.push(e);
         for v in variants {
-            assert_ne!(chain_hash(GENESIS, &v), base);
+            assert_ne!(chain_hash(&GENESIS, &v), base);
         }
-        assert_ne!(chain_hash(&"1".repeat(64), &sample()), base);
-        assert_eq!(chain_hash(GENESIS, &sample()), base);
+        assert_ne!(chain_hash(&[1; 32], &sample()), base);
+        assert_eq!(chain_hash(&GENESIS, &sample()), base);
     }
 }

@@ -40,7 +40,7 @@ pub struct TaskRow {
     pub max_attempts: i64,
     pub usage: Usage,
     pub limits: Limits,
-    pub event_head: String,
+    pub event_head: crate::events::Hash,
 }
 
 /// What a task has consumed.
@@ -105,7 +105,11 @@ impl TaskRow {
                 tokens: row.get(24).map_err(bad)?,
                 cost_micros: row.get(26).map_err(bad)?,
             },
-            event_head: row.get(27).map_err(bad)?,
+            event_head: row
+                .get::<_, Vec<u8>>(27)
+                .map_err(bad)?
+                .try_into()
+                .map_err(|_| BAD_ROW)?,
         })
     }
 
@@ -144,8 +148,7 @@ impl TaskRow {
         let hash_ok = self
             .payload_hash
             .as_deref()
-            .is_none_or(validate::is_sha256_hex)
-            && validate::is_sha256_hex(&self.event_head);
+            .is_none_or(validate::is_sha256_hex);
         let timeout_ok = self
             .timeout_seconds
             .is_none_or(|t| t.is_finite() && t >= 0.0);

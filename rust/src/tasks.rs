@@ -104,7 +104,7 @@ pub fn create(tx: &Transaction<'_>, new: &NewTask, clock: Clock<'_>) -> Result<T
     let id = new
         .id
         .clone()
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     if let Some(existing) = load(tx, &id)? {
         return if same_identity(&existing, new) {
             Ok(existing)
@@ -152,10 +152,10 @@ pub fn create(tx: &Transaction<'_>, new: &NewTask, clock: Clock<'_>) -> Result<T
         max_attempts: new.max_attempts,
         usage: Usage::default(),
         limits: new.limits,
-        event_head: events::chain_hash(events::GENESIS, &event),
+        event_head: events::chain_hash(&events::GENESIS, &event),
     };
     insert(tx, &task)?;
-    events::append(tx, events::GENESIS, &event)?;
+    events::append(tx, &events::GENESIS, &event)?;
     Ok(task)
 }
 
@@ -197,45 +197,98 @@ fn insert(tx: &Transaction<'_>, t: &TaskRow) -> Result<()> {
     Ok(())
 }
 
-/// Writes every mutable column of `after`, guarded by the status and
-/// version that `before` was read with: a row that changed underneath is
-/// a conflict, never silently overwritten.
-pub fn save(tx: &Transaction<'_>, before: &TaskRow, after: &TaskRow) -> Result<()> {
-    let changed = tx
-        .prepare_cached(
-            "UPDATE tasks SET status = ?3, started_at = ?4, updated_at = ?5, ended_at = ?6,
-                deadline_at = ?7, delivery_status = ?8, delivery_updated_at = ?9,
-                terminal_code = ?10, delivery_code = ?11, version = ?12, owner = ?13,
-                park_code = ?14, attempt_count = ?15, llm_calls_used = ?16, tokens_used = ?17,
-                cost_used_micros = ?18, llm_calls_budget = ?19, token_budget = ?20,
-                cost_budget_micros = ?21, event_head = ?22
-             WHERE id = ?1 AND status = ?2 AND version = ?23",
-        )?
-        .execute(params![
-            after.id,
-            before.status.as_str(),
+/// Which columns a write changes. SQLite rewrites every index whose
+/// columns appear in an UPDATE's SET list, changed or not, so each kind of
+/// write names only its own columns: a heartbeat touches no index but
+/// `updated_at`'s, a delivery none of the status indexes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Columns {
+    /// A status change that does not end the task (no `ended_at`).
+    Status,
+    /// A status change into a terminal status (sets `ended_at`).
+    Terminal,
+    /// `updated_at` only (heartbeat).
+    Heartbeat,
+    /// The delivery columns.
+    Delivery,
+}
+
+impl Columns {
+    fn sql(self) -> &'static str {
+        match self {
+            Columns::Status => {
+                "UPDATE tasks SET status = ?3, started_at = ?4, updated_at = ?5, deadline_at = ?6,
+                    owner = ?7, park_code = ?8, attempt_count = ?9, version = ?10, event_head = ?11
+                 WHERE id = ?1 AND status = ?2 AND version = ?12"
+            }
+            Columns::Terminal => {
+                "UPDATE tasks SET status = ?3, updated_at = ?4, ended_at = ?5, terminal_code = ?6,
+                    park_code = ?7, version = ?8, event_head = ?9
+                 WHERE id = ?1 AND status = ?2 AND version = ?10"
+            }
+            Columns::Heartbeat => {
+                "UPDATE tasks SET updated_at = ?3, version = ?4
+                 WHERE id = ?1 AND status = ?2 AND version = ?5"
+            }
+            Columns::Delivery => {
+                "UPDATE tasks SET delivery_status = ?3, delivery_updated_at = ?4,
+                    delivery_code = ?5, version = ?6, event_head = ?7
+                 WHERE id = ?1 AND status = ?2 AND version = ?8"
+            }
+        }
+    }
+}
+
+/// Writes `after`'s columns of the given kind, guarded by the status and
+/// version that `before` was read with: a row that changed underneath is a
+/// conflict, never silently overwritten.
+pub fn save(
+    tx: &Transaction<'_>,
+    before: &TaskRow,
+    after: &TaskRow,
+    columns: Columns,
+) -> Result<()> {
+    let mut stmt = tx.prepare_cached(columns.sql())?;
+    let (id, was, v) = (&after.id, before.status.as_str(), before.version);
+    let changed = match columns {
+        Columns::Status => stmt.execute(params![
+            id,
+            was,
             after.status.as_str(),
             after.started_at,
             after.updated_at,
-            after.ended_at,
             after.deadline_at,
-            after.delivery_status.as_str(),
-            after.delivery_updated_at,
-            after.terminal_code,
-            after.delivery_code,
-            after.version,
             after.owner,
             after.park_code,
             after.attempt_count,
-            after.usage.calls,
-            after.usage.tokens,
-            after.usage.cost_micros,
-            after.limits.calls,
-            after.limits.tokens,
-            after.limits.cost_micros,
-            after.event_head,
-            before.version
-        ])?;
+            after.version,
+            &after.event_head[..],
+            v
+        ])?,
+        Columns::Terminal => stmt.execute(params![
+            id,
+            was,
+            after.status.as_str(),
+            after.updated_at,
+            after.ended_at,
+            after.terminal_code,
+            after.park_code,
+            after.version,
+            &after.event_head[..],
+            v
+        ])?,
+        Columns::Heartbeat => stmt.execute(params![id, was, after.updated_at, after.version, v])?,
+        Columns::Delivery => stmt.execute(params![
+            id,
+            was,
+            after.delivery_status.as_str(),
+            after.delivery_updated_at,
+            after.delivery_code,
+            after.version,
+            &after.event_head[..],
+            v
+        ])?,
+    };
     if changed == 1 {
         Ok(())
     } else {
@@ -271,7 +324,12 @@ pub fn transition(
         grant: None,
     };
     next.event_head = events::append(tx, &task.event_head, &event)?;
-    save(tx, task, &next)?;
+    let columns = if to.is_terminal() {
+        Columns::Terminal
+    } else {
+        Columns::Status
+    };
+    save(tx, task, &next, columns)?;
     Ok(next)
 }
 
@@ -315,7 +373,7 @@ pub fn heartbeat(
         .version
         .checked_add(1)
         .ok_or(Error::Internal("version overflow"))?;
-    save(tx, &task, &next)?;
+    save(tx, &task, &next, Columns::Heartbeat)?;
     Ok(next)
 }
 
@@ -424,6 +482,6 @@ pub fn deliver(
         grant: None,
     };
     next.event_head = events::append(tx, &task.event_head, &event)?;
-    save(tx, task, &next)?;
+    save(tx, task, &next, Columns::Delivery)?;
     Ok(next)
 }
