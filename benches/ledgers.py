@@ -59,11 +59,14 @@ def make_peer_ledger(path: Path, n_tasks: int) -> None:
                 CASE WHEN kind = 9 THEN 'transport_acknowledged' END,
                 CASE WHEN kind < 6 THEN 1 WHEN kind < 8 THEN 0 WHEN kind = 8 THEN 2 ELSE 3 END
             FROM rows
-            """.replace(":now", repr(NOW)).replace(":day", repr(DAY)).replace(":hour", repr(HOUR)),
+            """.replace(":now", repr(NOW))
+            .replace(":day", repr(DAY))
+            .replace(":hour", repr(HOUR)),
             (n_tasks,),
         )
         conn.execute(
-            """INSERT INTO task_events (task_id, event_kind, from_value, to_value, occurred_at, code)
+            """INSERT INTO task_events
+            (task_id, event_kind, from_value, to_value, occurred_at, code)
             SELECT id, 'created', NULL, 'queued', created_at, 'created' FROM tasks
             UNION ALL
             SELECT id, 'task_transition', 'queued', 'running', started_at, 'started'

@@ -302,7 +302,7 @@ impl LedgerCore {
             if dry_run {
                 store.read(|tx| reconcile::preview(tx, &policy, clock))
             } else {
-                store.write(|tx| reconcile::apply(tx, &policy, clock))
+                store.bulk_write(|tx| reconcile::apply(tx, &policy, clock))
             }
         })?;
         convert::reconcile_dict(py, &report)

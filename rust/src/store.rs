@@ -356,6 +356,17 @@ impl Store {
         self.transaction(TransactionBehavior::Immediate, op)
     }
 
+    /// Like [`Store::write`], for one large rewrite (reconcile, purge): the
+    /// page cache is raised for the transaction so dirty pages are not
+    /// spilled to the WAL before the commit writes them anyway.
+    pub fn bulk_write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+        self.conn
+            .pragma_update(None, "cache_size", BULK_CACHE_KIB)?;
+        let out = self.write(op);
+        self.conn.pragma_update(None, "cache_size", CACHE_KIB)?;
+        out
+    }
+
     /// Runs `op` in one read transaction: one consistent snapshot.
     pub fn read<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.verify()?;

@@ -1,0 +1,451 @@
+"""The read-only dry run (SPEC §5, reference §4): it previews correctly, from
+a private snapshot or a live WAL, and never changes a byte, a time stamp or a
+directory entry; the cases it must refuse are refused with StateConflict."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import task_state_guard as tsg
+
+from taskwarden import Ledger
+from taskwarden.errors import InvalidInput, StateConflict, TaskNotFound
+
+from .conftest import FrozenClock, run_cli
+from .test_reconcile import SCENARIO_EXPECTED, build_scenario, counts, expect, tid
+
+BASE = 1_000_000_000.0  # long past: wall-clock (CLI) runs are deterministic too
+GRACES = [(600.0, 3600.0), (0.0, 0.0), (600.0, 0.0)]
+CLOCKS = [BASE, BASE + 5000.0]
+KINDS = ["taskwarden", "peer_v1", "peer_v2"]
+
+
+def private_dir(tmp_path: Path, name: str) -> Path:
+    directory = tmp_path / name
+    directory.mkdir(mode=0o700)
+    return directory
+
+
+def build_file(directory: Path, kind: str) -> tuple[Path, dict[str, str]]:
+    """The fixed scenario in a cleanly closed file written by taskwarden or the peer."""
+    path = directory / "ledger.db"
+    clock = FrozenClock(BASE)
+    if kind == "taskwarden":
+        with Ledger(path, clock=clock) as ledger:
+            ids = build_scenario(ledger, clock, BASE)
+    else:
+        ids = build_scenario(tsg.Ledger(path, clock=clock), clock, BASE)
+    if kind == "peer_v1":
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("DELETE FROM schema_meta WHERE key = 'schema_fingerprint'")
+            conn.execute("UPDATE schema_meta SET value = '1' WHERE key = 'schema_version'")
+    assert sorted(os.listdir(directory)) == ["ledger.db"]
+    return path, ids
+
+
+def disk_state(path: Path) -> tuple[Any, ...]:
+    """Everything a write, a chmod or a sidecar would disturb."""
+    st = path.stat()
+    listing = {
+        entry.name: (entry.stat().st_mtime_ns, entry.stat().st_ctime_ns, entry.stat().st_mode)
+        for entry in os.scandir(path.parent)
+    }
+    directory = path.parent.stat()
+    return (
+        path.read_bytes(),
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        st.st_mode,
+        st.st_ino,
+        listing,
+        directory.st_mtime_ns,
+        directory.st_ctime_ns,
+    )
+
+
+def schema_version(path: Path) -> str:
+    """A plain connection: unlike a ``mode=ro`` one, it leaves no -wal/-shm behind."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        (version,) = conn.execute("SELECT value FROM schema_meta WHERE key = 'schema_version'")
+    assert sorted(os.listdir(path.parent)) == ["ledger.db"]
+    return version[0]
+
+
+def peer_previews(tmp_path: Path) -> dict[tuple[float | None, float, float], dict[str, Any]]:
+    """The peer's own dry run of the same scenario, at each clock (None: wall time)."""
+    path, _ = build_file(private_dir(tmp_path, "peer_reference"), "peer_v2")
+    out = {}
+    for now in [*CLOCKS, None]:
+        for active, delivery in GRACES:
+            clock = time.time if now is None else FrozenClock(now)
+            peer = tsg.Ledger(path, read_only=True, clock=clock)
+            out[now, active, delivery] = peer.reconcile(
+                active_grace_seconds=active, delivery_grace_seconds=delivery, dry_run=True
+            )
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_read_only_dry_run_changes_nothing_and_previews_like_the_peer(
+    tmp_path: Path, kind: str
+) -> None:
+    expected = peer_previews(tmp_path)
+    for active, delivery in GRACES[:2]:
+        assert counts(expected[BASE, active, delivery]) == SCENARIO_EXPECTED[active, delivery]
+    path, ids = build_file(private_dir(tmp_path, "subject"), kind)
+    version = schema_version(path)
+    assert version == {"taskwarden": "3", "peer_v1": "1", "peer_v2": "2"}[kind]
+    if kind != "taskwarden":  # the peer's own preview of this very file agrees
+        peer = tsg.Ledger(path, read_only=True, clock=FrozenClock(BASE))
+        own = peer.reconcile(
+            active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+        )
+        assert own == expected[BASE, 600.0, 3600.0]
+    before = disk_state(path)
+    assert before[0][18:20] == b"\x02\x02"
+
+    for now in CLOCKS:
+        for active, delivery in GRACES:
+            grace = {"active_grace_seconds": active, "delivery_grace_seconds": delivery}
+            with Ledger(path, read_only=True, clock=FrozenClock(now)) as reader:
+                assert reader.storage_info()["journal_mode"] == "memory"
+                report = reader.reconcile(dry_run=True, **grace)
+                assert reader.get_task(ids["r_stale"]).status == "running"
+                with pytest.raises(StateConflict):
+                    reader.reconcile(**grace)
+                with pytest.raises(StateConflict):
+                    reader.create_task()
+            assert report == expected[now, active, delivery], (now, active, delivery)
+            assert disk_state(path) == before
+
+    for active, delivery in GRACES:
+        code, out, _ = run_cli(
+            "--db", str(path), "reconcile", "--dry-run",
+            "--active-grace-seconds", str(active), "--delivery-grace-seconds", str(delivery),
+        )  # fmt: skip
+        assert code == 0
+        assert out == {"ok": True, "reconcile": expected[None, active, delivery]}
+        assert disk_state(path) == before
+    code, _, raw = run_cli("--db", str(path), "reconcile", "--dry-run", "--format", "text")
+    assert code == 0 and "tasks_timed_out" in raw and not raw.startswith("{")
+    assert disk_state(path) == before
+    assert schema_version(path) == version
+
+
+def test_wall_clock_preview_counts(tmp_path: Path) -> None:
+    """Against wall time every running task of the scenario is stale."""
+    path, _ = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    with Ledger(path, read_only=True) as reader:
+        report = reader.reconcile(
+            active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+        )
+    assert counts(report) == expect(6, 4, 9, 3, 2)
+
+
+# ---------------------------------------------------------------------------
+# Missing files and the size cap.
+
+
+def test_read_only_open_of_a_missing_file_creates_nothing(tmp_path: Path) -> None:
+    directory = private_dir(tmp_path, "empty")
+    before = (sorted(os.listdir(directory)), directory.stat().st_mtime_ns)
+    with pytest.raises(InvalidInput):
+        Ledger(directory / "missing.db", read_only=True)
+    with pytest.raises(InvalidInput):
+        Ledger(directory / "absent" / "missing.db", read_only=True)
+    code, out, _ = run_cli("--db", str(directory / "missing.db"), "reconcile", "--dry-run")
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    code, out, _ = run_cli("--db", str(directory / "no" / "x.db"), "reconcile", "--dry-run")
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert (sorted(os.listdir(directory)), directory.stat().st_mtime_ns) == before
+    assert sorted(os.listdir(tmp_path)) == ["empty"]
+
+
+def test_snapshot_size_cap(tmp_path: Path) -> None:
+    path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    size = path.stat().st_size
+    before = disk_state(path)
+    for cap in (0, 1, size - 1):
+        with pytest.raises(StateConflict):
+            Ledger(path, read_only=True, snapshot_max_bytes=cap)
+    with Ledger(path, read_only=True, snapshot_max_bytes=size, clock=FrozenClock(BASE)) as reader:
+        assert reader.get_task(ids["q_old"]).status == "queued"
+        report = reader.reconcile(
+            active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+        )
+        assert counts(report) == SCENARIO_EXPECTED[600.0, 3600.0]
+    for bad in (-1, 1.5, True, "big"):
+        with pytest.raises(InvalidInput):
+            Ledger(path, read_only=True, snapshot_max_bytes=bad)
+    code, out, _ = run_cli("--db", str(path), "reconcile", "--dry-run", "--snapshot-max-mib", "0")
+    assert (code, out) == (2, {"error": "StateConflict", "ok": False})
+    code, out, _ = run_cli("--db", str(path), "reconcile", "--dry-run", "--snapshot-max-mib", "1")
+    assert code == 0 and out["reconcile"]["dry_run"] is True
+    assert disk_state(path) == before
+
+
+# ---------------------------------------------------------------------------
+# The WAL header, and files the snapshot path refuses.
+
+
+def test_wal_header_is_patched_only_in_the_private_copy(tmp_path: Path) -> None:
+    path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    assert path.read_bytes()[:16] == b"SQLite format 3\x00"
+    assert path.read_bytes()[18:20] == b"\x02\x02"
+    before = disk_state(path)
+    with Ledger(path, read_only=True) as reader:
+        assert reader.storage_info()["journal_mode"] == "memory"
+        assert reader.get_task(ids["delivered"]).delivery_status == "delivered"
+        assert path.read_bytes()[18:20] == b"\x02\x02"
+    assert path.read_bytes()[18:20] == b"\x02\x02"
+    assert disk_state(path) == before
+
+
+def _refused_read_only(path: Path) -> None:
+    before = disk_state(path)
+    with pytest.raises(StateConflict):
+        Ledger(path, read_only=True)
+    code, out, _ = run_cli("--db", str(path), "reconcile", "--dry-run")
+    assert (code, out) == (2, {"error": "StateConflict", "ok": False})
+    assert disk_state(path) == before
+
+
+def test_rollback_journal_file_is_refused_read_only(tmp_path: Path) -> None:
+    src, _ = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    path = private_dir(tmp_path, "rollback") / "ledger.db"
+    shutil.copyfile(src, path)
+    os.chmod(path, 0o600)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
+    assert path.read_bytes()[18:20] == b"\x01\x01"
+    assert sorted(os.listdir(path.parent)) == ["ledger.db"]
+    _refused_read_only(path)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a database at all" * 100], ids=["empty", "junk"])
+def test_non_ledger_files_are_refused_read_only(tmp_path: Path, content: bytes) -> None:
+    path = private_dir(tmp_path, "subject") / "ledger.db"
+    path.write_bytes(content)
+    os.chmod(path, 0o600)
+    _refused_read_only(path)
+
+
+def test_read_only_open_needs_mode_0600(tmp_path: Path) -> None:
+    path, _ = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    os.chmod(path, 0o640)
+    before = disk_state(path)
+    with pytest.raises(InvalidInput):
+        Ledger(path, read_only=True)
+    assert disk_state(path) == before
+
+
+# ---------------------------------------------------------------------------
+# Sidecars: a live WAL is read in place, an incomplete set is refused.
+
+HOLDER = """
+import sys
+from taskwarden import Ledger
+with Ledger(sys.argv[1]) as ledger:
+    task = ledger.create_task(task_id=sys.argv[2], timeout_seconds=float(sys.argv[3]))
+    ledger.start_task(task.id)
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+SQLITE_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("SELECT count(*) FROM tasks").fetchall()
+print("ready", flush=True)
+sys.stdin.read()
+conn.close()
+"""
+
+
+@contextlib.contextmanager
+def held_open(script: str, *args: str) -> Iterator[None]:
+    """Another process keeps the ledger open (so -wal and -shm exist) inside the block."""
+    with subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        try:
+            assert holder.stdout.readline().strip() == "ready"
+            yield
+        finally:
+            holder.stdin.close()
+            assert holder.wait(timeout=60) == 0
+
+
+def test_live_wal_is_read_in_place(tmp_path: Path) -> None:
+    path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    new = tid(1000)
+    # The holder's task starts at wall time; its 10-year timeout keeps it fresh.
+    with held_open(HOLDER, str(path), new, str(10 * 365 * 86_400.0)):
+        names = sorted(os.listdir(path.parent))
+        assert names == ["ledger.db", "ledger.db-shm", "ledger.db-wal"]
+        before = {n: (path.parent / n).stat().st_mode for n in names}
+        with Ledger(path, read_only=True, clock=FrozenClock(time.time() + 60.0)) as reader:
+            assert reader.storage_info()["journal_mode"] == "wal"
+            assert reader.get_task(new).status == "running"
+            assert reader.get_task(ids["r_fresh"]).status == "running"
+            assert reader.get_task(ids["delivered"]).delivery_status == "delivered"
+            report = reader.reconcile(
+                active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+            )
+            with pytest.raises(StateConflict):
+                reader.reconcile(active_grace_seconds=600.0, delivery_grace_seconds=3600.0)
+        # The scenario (all stale now) plus the holder's fresh running task.
+        assert counts(report) == expect(7, 4, 9, 3, 2)
+        assert sorted(os.listdir(path.parent)) == names
+        assert {n: (path.parent / n).stat().st_mode for n in names} == before
+    with Ledger(path) as ledger:
+        assert ledger.get_task(ids["r_stale"]).status == "running"  # nothing was applied
+
+
+@pytest.mark.parametrize("kind", ["peer_v1", "peer_v2"])
+def test_live_wal_peer_file_previews_without_migrating(tmp_path: Path, kind: str) -> None:
+    expected = peer_previews(tmp_path)
+    path, _ = build_file(private_dir(tmp_path, "subject"), kind)
+    with held_open(SQLITE_HOLDER, str(path)):
+        assert {"ledger.db-wal", "ledger.db-shm"} <= set(os.listdir(path.parent))
+        with Ledger(path, read_only=True, clock=FrozenClock(BASE)) as reader:
+            report = reader.reconcile(
+                active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+            )
+        assert report == expected[BASE, 600.0, 3600.0]
+    assert schema_version(path) == kind[-1]
+
+
+@pytest.mark.parametrize(
+    "sidecars",
+    [("-wal",), ("-shm",), ("-journal",), ("-wal", "-shm", "-journal")],
+    ids=lambda s: "+".join(s),
+)
+def test_incomplete_sidecars_are_refused(tmp_path: Path, sidecars: tuple[str, ...]) -> None:
+    path, _ = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    for suffix in sidecars:
+        side = Path(f"{path}{suffix}")
+        side.touch(mode=0o600)
+        os.chmod(side, 0o600)
+    _refused_read_only(path)
+    assert all(Path(f"{path}{s}").stat().st_size == 0 for s in sidecars)
+
+
+def test_loose_sidecar_modes_are_refused_not_tightened(tmp_path: Path) -> None:
+    path, _ = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    with held_open(SQLITE_HOLDER, str(path)):
+        wal = Path(f"{path}-wal")
+        os.chmod(wal, 0o644)
+        _refused_read_only(path)
+        assert wal.stat().st_mode & 0o777 == 0o644
+        os.chmod(wal, 0o600)
+
+
+# ---------------------------------------------------------------------------
+# Writers coming and going while read-only handles open.
+
+CHURN = """
+import os, random, sys, time
+from taskwarden import Ledger
+path, stop = sys.argv[1], sys.argv[2]
+print("ready", flush=True)
+rounds = 0
+while not os.path.exists(stop):
+    with Ledger(path, busy_timeout_ms=30_000) as ledger:
+        task = ledger.create_task()
+        ledger.start_task(task.id)
+        ledger.close_task(task.id, "succeeded")
+    rounds += 1
+    time.sleep(random.uniform(0.0, 0.004))  # closed for a while: the -wal/-shm pair goes
+print(rounds, flush=True)
+"""
+
+
+def test_read_only_opens_while_a_writer_comes_and_goes(tmp_path: Path) -> None:
+    path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    stop = tmp_path / "stop"
+    outcomes = {"ok": 0, "conflict": 0, "wal": 0, "memory": 0}
+    with subprocess.Popen(
+        [sys.executable, "-c", CHURN, str(path), str(stop)], stdout=subprocess.PIPE, text=True
+    ) as writer:
+        assert writer.stdout is not None
+        try:
+            assert writer.stdout.readline().strip() == "ready"
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                try:
+                    with Ledger(path, read_only=True) as reader:
+                        mode = reader.storage_info()["journal_mode"]
+                        assert reader.get_task(ids["q_old"]).status == "queued"
+                        assert reader.get_task(ids["delivered"]).version == 3
+                        report = reader.reconcile(
+                            active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+                        )
+                        counts(report)
+                        # The writer has at most one task of its own active at a time.
+                        assert report["active_examined"] in (6, 7)
+                except StateConflict:
+                    outcomes["conflict"] += 1
+                else:
+                    outcomes["ok"] += 1
+                    outcomes[mode] += 1
+                time.sleep(0.002)  # let the writer close while no reader is connected
+        finally:
+            stop.touch()
+            rounds = int(writer.stdout.read().strip() or 0)
+            assert writer.wait(timeout=60) == 0
+    assert rounds > 0, "the writer never ran"
+    assert outcomes["ok"] > 0, outcomes
+    assert outcomes["ok"] + outcomes["conflict"] > 20, outcomes
+    with Ledger(path) as ledger:
+        assert ledger.get_task(ids["q_old"]).status == "queued"
+
+
+# ---------------------------------------------------------------------------
+# One snapshot per handle.
+
+
+def test_snapshot_is_taken_once_per_handle(tmp_path: Path) -> None:
+    path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    clock = FrozenClock(BASE)
+    grace = {"active_grace_seconds": 600.0, "delivery_grace_seconds": 3600.0}
+    with Ledger(path, read_only=True, clock=clock) as old:
+        assert old.storage_info()["journal_mode"] == "memory"
+        first = old.reconcile(dry_run=True, **grace)
+        assert counts(first) == SCENARIO_EXPECTED[600.0, 3600.0]
+        # The handle keeps no file open: a writer may change the file meanwhile.
+        with Ledger(path, clock=clock) as writer:
+            writer.start_task(ids["q_old"])
+            added = writer.create_task(task_id=tid(2000), timeout_seconds=1.0)
+            writer.start_task(added.id)
+            writer.reconcile(**grace)
+        assert sorted(os.listdir(path.parent)) == ["ledger.db"]
+
+        assert old.get_task(ids["q_old"]).status == "queued"
+        assert old.get_task(ids["r_stale"]).status == "running"
+        with pytest.raises(TaskNotFound):
+            old.get_task(added.id)
+        assert old.reconcile(dry_run=True, **grace) == first
+
+        with Ledger(path, read_only=True, clock=clock) as new:
+            assert new.get_task(ids["q_old"]).status == "running"
+            assert new.get_task(ids["r_stale"]).status == "timed_out"
+            assert new.get_task(added.id).status == "running"
+            # q_old was started at BASE and stays fresh; added ends at its deadline.
+            clock.advance(1.0)
+            assert counts(new.reconcile(dry_run=True, **grace)) == expect(4, 1, 6, 0, 0)
+        assert old.get_task(ids["q_old"]).status == "queued"
