@@ -4,10 +4,11 @@ from ._core import __version__, payload_fingerprint
 from .compat import TRANSITIONS, can_transition, reconcile_restart
 from .errors import InvalidInput, LedgerBusy, LedgerError, StateConflict, TaskNotFound
 from .ledger import Ledger
-from .models import DeliveryStatus, ReconcilePolicy, Task, TaskStatus
+from .models import Charge, DeliveryStatus, ReconcilePolicy, Task, TaskStatus
 
 __all__ = [
     "TRANSITIONS",
+    "Charge",
     "DeliveryStatus",
     "InvalidInput",
     "Ledger",

@@ -10,6 +10,7 @@ REASON_CODES: tuple[str, ...]
 TRANSITIONS: dict[str, tuple[str, ...]]
 
 TaskRow = tuple[Any, ...]
+ChargeRow = tuple[Any, ...]
 
 def payload_fingerprint(payload: str | bytes) -> str:
     """SHA-256 of a payload (``str`` as UTF-8, or ``bytes``), lowercase hex."""
@@ -81,5 +82,54 @@ class LedgerCore:
         tenant: object = None,
     ) -> dict[str, Any]:
         """Time out lost running tasks and expire pending deliveries (or count them)."""
+    def claim(self, task_id: object, worker: object) -> TaskRow | None:
+        """queued -> running owned by ``worker``; None if not queued."""
+    def claim_next(self, worker: object, *, tenant: object = None, limit: object) -> list[TaskRow]:
+        """Claim up to ``limit`` oldest queued tasks in one transaction."""
+    def release(self, task_id: object, worker: object) -> TaskRow:
+        """The owner gives a running task back (or it escalates)."""
+    def transition(
+        self,
+        task_id: object,
+        expected: object,
+        to: object,
+        *,
+        code: object = None,
+        worker: object = None,
+        attempt: object = None,
+    ) -> TaskRow:
+        """Compare-and-set along the transition table."""
+    def move_to(
+        self, task_id: object, to: object, *, code: object = None, worker: object = None
+    ) -> TaskRow:
+        """block / escalate / requeue / cancel from the current status."""
+    def grant(
+        self, task_id: object, *, calls: object, tokens: object, cost_micros: object
+    ) -> TaskRow:
+        """Raise a task's limits."""
+    def charge(
+        self,
+        task_id: object,
+        *,
+        calls: object,
+        tokens: object,
+        cost_micros: object,
+        worker: object = None,
+        attempt: object = None,
+    ) -> ChargeRow:
+        """The budget guard's atomic charge."""
+    def budget(self, task_id: object) -> ChargeRow:
+        """Budget figures without charging."""
+    def list_tasks(
+        self,
+        *,
+        status: object = None,
+        tenant: object = None,
+        owner: object = None,
+        parent_id: object = None,
+        limit: object,
+        after: object = None,
+    ) -> list[TaskRow]:
+        """Keyset-paged listing, oldest first."""
     def storage_info(self) -> dict[str, Any]: ...
     def is_read_only(self) -> bool: ...

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
+from ._fleet_cli import FLEET_COMMANDS, add_fleet_commands, fleet_command
 from ._output import emit
 from .errors import InvalidInput, LedgerError
 from .ledger import Ledger
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common()
     _add_lifecycle(sub, common)
+    add_fleet_commands(sub, common)
     _add_recovery(sub, common)
     return parser
 
@@ -233,6 +235,7 @@ COMMANDS: dict[str, Command] = {
     "delivery": _cmd_delivery,
     "reconcile": _cmd_reconcile,
     "demo": _cmd_demo,
+    **dict.fromkeys(FLEET_COMMANDS, fleet_command(_open)),
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import _core
 from .errors import InvalidInput
-from .models import DeliveryStatus, Task, TaskStatus
+from .models import Charge, DeliveryStatus, Task, TaskStatus
 
 __all__ = ["Clock", "Ledger"]
 
@@ -174,6 +174,119 @@ class Ledger:
     ) -> Task:
         """Record a terminal task's delivery outcome."""
         return Task._from_core(self._core.set_delivery(task_id, status, code=code))
+
+    # -- claims: one owner per task, across threads and processes ----------
+
+    def claim(self, task_id: str, worker: str) -> Task | None:
+        """Atomically ``queued -> running`` owned by ``worker``; ``None`` if not queued."""
+        row = self._core.claim(task_id, worker)
+        return None if row is None else Task._from_core(row)
+
+    def claim_next(self, worker: str, *, tenant: str | None = None, limit: int = 1) -> list[Task]:
+        """Claim up to ``limit`` of the oldest queued tasks in one transaction."""
+        return [
+            Task._from_core(r) for r in self._core.claim_next(worker, tenant=tenant, limit=limit)
+        ]
+
+    def release(self, task_id: str, worker: str) -> Task:
+        """The owner gives a running task back: queued again, or escalated
+        (``attempts_exhausted``) once ``max_attempts`` claims were used."""
+        return Task._from_core(self._core.release(task_id, worker))
+
+    # -- the state machine --------------------------------------------------
+
+    def transition(
+        self,
+        task_id: str,
+        expected: TaskStatus | str,
+        to: TaskStatus | str,
+        *,
+        code: str | None = None,
+        worker: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """Compare-and-set: ``StateConflict`` unless the stored status is
+        ``expected`` and ``expected -> to`` is in ``TRANSITIONS``."""
+        return Task._from_core(
+            self._core.transition(task_id, expected, to, code=code, worker=worker, attempt=attempt)
+        )
+
+    def block(self, task_id: str, *, code: str = "needs_input", worker: str | None = None) -> Task:
+        """``running -> blocked`` (waiting for input); the owner is kept."""
+        return Task._from_core(self._core.move_to(task_id, "blocked", code=code, worker=worker))
+
+    def escalate(
+        self, task_id: str, *, code: str = "escalated_manually", worker: str | None = None
+    ) -> Task:
+        """``running -> escalated`` (a person must look); the owner is kept."""
+        return Task._from_core(self._core.move_to(task_id, "escalated", code=code, worker=worker))
+
+    def requeue(self, task_id: str) -> Task:
+        """``blocked|escalated -> queued`` (code ``requeued``); the owner is cleared."""
+        return Task._from_core(self._core.move_to(task_id, "queued"))
+
+    def cancel(self, task_id: str) -> Task:
+        """Any non-terminal status -> ``cancelled``; cancelling again is a no-op."""
+        return Task._from_core(self._core.move_to(task_id, "cancelled", code="caller_cancelled"))
+
+    # -- the budget guard ---------------------------------------------------
+
+    def charge(
+        self,
+        task_id: str,
+        *,
+        calls: int = 1,
+        tokens: int = 0,
+        cost_micros: int = 0,
+        worker: str | None = None,
+        attempt: int | None = None,
+    ) -> Charge:
+        """Meter one LLM call (or more) before making it: one atomic write.
+
+        Fits the task and every ancestor: added to all of them, ``allowed``.
+        Does not fit: nothing is charged and the task is escalated
+        (``budget_exhausted``). Not running, or not this worker's claim:
+        ``allowed=False`` and nothing changes. Never raises for state reasons.
+        """
+        return Charge(
+            *self._core.charge(
+                task_id,
+                calls=calls,
+                tokens=tokens,
+                cost_micros=cost_micros,
+                worker=worker,
+                attempt=attempt,
+            )
+        )
+
+    def budget(self, task_id: str) -> Charge:
+        """The budget figures without charging."""
+        return Charge(*self._core.budget(task_id))
+
+    def grant(self, task_id: str, *, calls: int = 0, tokens: int = 0, cost_micros: int = 0) -> Task:
+        """Raise a task's limits (never lower them); recorded as ``budget_granted``."""
+        return Task._from_core(
+            self._core.grant(task_id, calls=calls, tokens=tokens, cost_micros=cost_micros)
+        )
+
+    def list_tasks(
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        tenant: str | None = None,
+        owner: str | None = None,
+        parent_id: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[Task]:
+        """Tasks matching every filter, oldest first; pass the last id as
+        ``after`` for the next page."""
+        rows = self._core.list_tasks(
+            status=status, tenant=tenant, owner=owner, parent_id=parent_id, limit=limit, after=after
+        )
+        return [Task._from_core(r) for r in rows]
+
+    # -- recovery -------------------------------------------------------------
 
     def reconcile(
         self,

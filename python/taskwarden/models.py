@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["DeliveryStatus", "ReconcilePolicy", "Task", "TaskStatus"]
+__all__ = ["Charge", "DeliveryStatus", "ReconcilePolicy", "Task", "TaskStatus"]
 
 
 class TaskStatus(StrEnum):
@@ -121,6 +121,36 @@ class Task:
         if include_payload_hash:
             out["payload_hash"] = self.payload_hash
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """The budget guard's answer (SPEC §4).
+
+    ``allowed`` says whether the charge was added (for ``budget()``: whether a
+    one-call charge would be). ``escalated`` is true when this charge ran out
+    of budget and moved the task to ``escalated``. ``exhausted`` names the
+    dimension (``"calls"``, ``"tokens"``, ``"cost"``) that ran out on the task
+    or an ancestor. ``*_remaining`` is the task's own limit minus its own use,
+    ``None`` where the limit is ``None`` (unlimited).
+    """
+
+    allowed: bool
+    escalated: bool
+    exhausted: str | None
+    calls_used: int
+    calls_budget: int | None
+    calls_remaining: int | None
+    tokens_used: int
+    token_budget: int | None
+    tokens_remaining: int | None
+    cost_used_micros: int
+    cost_budget_micros: int | None
+    cost_remaining_micros: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as plain JSON-ready values."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, slots=True)

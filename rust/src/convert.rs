@@ -5,11 +5,13 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
+use crate::budget::Dimension;
+use crate::charge::Outcome;
 use crate::errors::{Error, Result};
 use crate::fsm::{DeliveryStatus, TaskStatus};
 use crate::reconcile::Report;
 use crate::store::StorageInfo;
-use crate::task::TaskRow;
+use crate::task::{TaskRow, Usage};
 use crate::validate;
 
 /// A required task id in any form the peer accepts, canonicalised.
@@ -220,4 +222,55 @@ pub fn reconcile_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, P
     d.set_item("deliveries_not_applicable", r.deliveries_not_applicable)?;
     d.set_item("pending_delivery_retained", r.pending_delivery_retained)?;
     Ok(d)
+}
+
+/// A page size (`limit` of listing and batch claims): 1 to 10,000.
+pub fn page_size(obj: &Bound<'_, PyAny>) -> Result<i64> {
+    match amount(obj)? {
+        n @ 1..=10_000 => Ok(n),
+        _ => Err(Error::Invalid("limit must be between 1 and 10000")),
+    }
+}
+
+/// An optional reason code that must at least have the registry's shape.
+pub fn opt_code(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>> {
+    let code = opt_text(obj, "reason code has an invalid format")?;
+    if let Some(c) = &code {
+        validate::code_format(c)?;
+    }
+    Ok(code)
+}
+
+/// Three non-negative amounts: calls, tokens, cost in micro-units.
+pub fn usage(
+    calls: &Bound<'_, PyAny>,
+    tokens: &Bound<'_, PyAny>,
+    cost: &Bound<'_, PyAny>,
+) -> Result<Usage> {
+    Ok(Usage {
+        calls: amount(calls)?,
+        tokens: amount(tokens)?,
+        cost_micros: amount(cost)?,
+    })
+}
+
+/// A charge outcome as the flat tuple `Charge._from_core` expects.
+pub fn charge_tuple<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, PyTuple>> {
+    let t = &o.task;
+    let remaining = |limit: Option<i64>, used: i64| limit.map(|l| l.saturating_sub(used));
+    let items: Vec<Bound<'py, PyAny>> = vec![
+        PyBool::new(py, o.allowed).to_owned().into_any(),
+        PyBool::new(py, o.escalated).to_owned().into_any(),
+        o.exhausted.map(Dimension::as_str).into_pyobject(py)?,
+        t.usage.calls.into_pyobject(py)?.into_any(),
+        t.limits.calls.into_pyobject(py)?,
+        remaining(t.limits.calls, t.usage.calls).into_pyobject(py)?,
+        t.usage.tokens.into_pyobject(py)?.into_any(),
+        t.limits.tokens.into_pyobject(py)?,
+        remaining(t.limits.tokens, t.usage.tokens).into_pyobject(py)?,
+        t.usage.cost_micros.into_pyobject(py)?.into_any(),
+        t.limits.cost_micros.into_pyobject(py)?,
+        remaining(t.limits.cost_micros, t.usage.cost_micros).into_pyobject(py)?,
+    ];
+    PyTuple::new(py, items)
 }

@@ -21,6 +21,8 @@ pub const CREATED: &str = "created";
 pub const TASK_TRANSITION: &str = "task_transition";
 /// A change of delivery status.
 pub const DELIVERY_TRANSITION: &str = "delivery_transition";
+/// An operator raised a task's limits.
+pub const BUDGET_GRANTED: &str = "budget_granted";
 
 /// One event, as stored (no free text: statuses, codes, ids and numbers).
 #[derive(Clone, Debug, PartialEq)]

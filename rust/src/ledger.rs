@@ -14,7 +14,8 @@ use crate::reconcile::{self, Policy};
 use crate::snapshot;
 use crate::store::{Durability, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
-use crate::tasks::{self, Clock, Fence, NewTask};
+use crate::tasks::{self, Clock, Fence, ListQuery, NewTask};
+use crate::{charge, claim};
 
 /// One open ledger. Shareable across threads: the connection sits behind a
 /// mutex that is only ever taken with the interpreter detached.
@@ -80,6 +81,14 @@ fn busy_ms(value: i64) -> Result<u32> {
         .ok()
         .and_then(|v| u32::try_from(v).ok())
         .ok_or(Error::Invalid("busy_timeout_ms is too large"))
+}
+
+fn task_list<'py>(py: Python<'py>, rows: &[TaskRow]) -> PyResult<Bound<'py, PyList>> {
+    let items = rows
+        .iter()
+        .map(|r| convert::task_tuple(py, r))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
 }
 
 fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) -> Result<Fence> {
@@ -306,6 +315,159 @@ impl LedgerCore {
             }
         })?;
         convert::reconcile_dict(py, &report)
+    }
+
+    #[pyo3(signature = (task_id, worker))]
+    fn claim<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        worker: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let id = convert::task_id(task_id)?;
+        let worker = convert::name(worker)?;
+        let row = self.run(py, |store, clock| {
+            store.write(|tx| claim::claim(tx, &id, &worker, clock))
+        })?;
+        row.map(|r| convert::task_tuple(py, &r)).transpose()
+    }
+
+    #[pyo3(signature = (worker, *, tenant=None, limit))]
+    fn claim_next<'py>(
+        &self,
+        py: Python<'py>,
+        worker: &Bound<'py, PyAny>,
+        tenant: Option<&Bound<'py, PyAny>>,
+        limit: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let worker = convert::name(worker)?;
+        let tenant = convert::opt_name(tenant)?;
+        let limit = convert::page_size(limit)?;
+        let rows = self.run(py, |store, clock| {
+            store.write(|tx| claim::claim_next(tx, &worker, tenant.as_deref(), limit, clock))
+        })?;
+        task_list(py, &rows)
+    }
+
+    fn release<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        worker: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let worker = convert::name(worker)?;
+        self.write_task(py, |tx, clock| claim::release(tx, &id, &worker, clock))
+    }
+
+    #[pyo3(signature = (task_id, expected, to, *, code=None, worker=None, attempt=None))]
+    fn transition<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        expected: &Bound<'py, PyAny>,
+        to: &Bound<'py, PyAny>,
+        code: Option<&Bound<'py, PyAny>>,
+        worker: Option<&Bound<'py, PyAny>>,
+        attempt: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let (expected, to) = (convert::task_status(expected)?, convert::task_status(to)?);
+        let code = convert::opt_code(code)?;
+        let fence = fence(worker, attempt)?;
+        self.write_task(py, |tx, clock| {
+            tasks::compare_and_set(tx, &id, expected, to, code.as_deref(), &fence, clock)
+        })
+    }
+
+    /// block, escalate, requeue and cancel: a move into `to` from whatever
+    /// the task is now, judged by the table.
+    #[pyo3(signature = (task_id, to, *, code=None, worker=None))]
+    fn move_to<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        to: &Bound<'py, PyAny>,
+        code: Option<&Bound<'py, PyAny>>,
+        worker: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let to = convert::task_status(to)?;
+        let code = convert::opt_code(code)?;
+        let fence = fence(worker, None)?;
+        self.write_task(py, |tx, clock| {
+            tasks::move_to(tx, &id, to, code.as_deref(), &fence, clock)
+        })
+    }
+
+    #[pyo3(signature = (task_id, *, calls, tokens, cost_micros))]
+    fn grant<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        calls: &Bound<'py, PyAny>,
+        tokens: &Bound<'py, PyAny>,
+        cost_micros: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let amount = convert::usage(calls, tokens, cost_micros)?;
+        self.write_task(py, |tx, clock| tasks::grant(tx, &id, amount, clock))
+    }
+
+    #[pyo3(signature = (task_id, *, calls, tokens, cost_micros, worker=None, attempt=None))]
+    fn charge<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+        calls: &Bound<'py, PyAny>,
+        tokens: &Bound<'py, PyAny>,
+        cost_micros: &Bound<'py, PyAny>,
+        worker: Option<&Bound<'py, PyAny>>,
+        attempt: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let amount = convert::usage(calls, tokens, cost_micros)?;
+        let fence = fence(worker, attempt)?;
+        let outcome = self.run(py, |store, clock| {
+            store.write(|tx| charge::charge(tx, &id, amount, &fence, clock))
+        })?;
+        convert::charge_tuple(py, &outcome)
+    }
+
+    fn budget<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let id = convert::task_id(task_id)?;
+        let outcome = self.run(py, |store, _| store.read(|tx| charge::read(tx, &id)))?;
+        convert::charge_tuple(py, &outcome)
+    }
+
+    #[pyo3(signature = (*, status=None, tenant=None, owner=None, parent_id=None, limit, after=None))]
+    fn list_tasks<'py>(
+        &self,
+        py: Python<'py>,
+        status: Option<&Bound<'py, PyAny>>,
+        tenant: Option<&Bound<'py, PyAny>>,
+        owner: Option<&Bound<'py, PyAny>>,
+        parent_id: Option<&Bound<'py, PyAny>>,
+        limit: &Bound<'py, PyAny>,
+        after: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let query = ListQuery {
+            status: status
+                .filter(|s| !s.is_none())
+                .map(convert::task_status)
+                .transpose()?,
+            tenant: convert::opt_name(tenant)?,
+            owner: convert::opt_name(owner)?,
+            parent_id: convert::opt_task_id(parent_id)?,
+            limit: convert::page_size(limit)?,
+            after: convert::opt_task_id(after)?,
+        };
+        let rows = self.run(py, |store, _| store.read(|tx| tasks::list(tx, &query)))?;
+        task_list(py, &rows)
     }
 
     fn storage_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {

@@ -4,6 +4,9 @@
 //! `store`, `fsguard`, `snapshot`) never touch Python; `ledger`, `convert`
 //! and `errors` are the only bridge.
 
+mod budget;
+mod charge;
+mod claim;
 mod convert;
 mod errors;
 mod events;

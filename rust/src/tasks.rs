@@ -211,6 +211,8 @@ pub enum Columns {
     Heartbeat,
     /// The delivery columns.
     Delivery,
+    /// Usage counters and limits (charge, grant).
+    Budget,
 }
 
 impl Columns {
@@ -234,6 +236,12 @@ impl Columns {
                 "UPDATE tasks SET delivery_status = ?3, delivery_updated_at = ?4,
                     delivery_code = ?5, version = ?6, event_head = ?7
                  WHERE id = ?1 AND status = ?2 AND version = ?8"
+            }
+            Columns::Budget => {
+                "UPDATE tasks SET llm_calls_used = ?3, tokens_used = ?4, cost_used_micros = ?5,
+                    llm_calls_budget = ?6, token_budget = ?7, cost_budget_micros = ?8,
+                    version = ?9, event_head = ?10
+                 WHERE id = ?1 AND status = ?2 AND version = ?11"
             }
         }
     }
@@ -284,6 +292,19 @@ pub fn save(
             after.delivery_status.as_str(),
             after.delivery_updated_at,
             after.delivery_code,
+            after.version,
+            &after.event_head[..],
+            v
+        ])?,
+        Columns::Budget => stmt.execute(params![
+            id,
+            was,
+            after.usage.calls,
+            after.usage.tokens,
+            after.usage.cost_micros,
+            after.limits.calls,
+            after.limits.tokens,
+            after.limits.cost_micros,
             after.version,
             &after.event_head[..],
             v
@@ -484,4 +505,174 @@ pub fn deliver(
     next.event_head = events::append(tx, &task.event_head, &event)?;
     save(tx, task, &next, Columns::Delivery)?;
     Ok(next)
+}
+
+/// Default and allowed codes for a caller-driven status change: the code
+/// the ledger writes when none is given, and the check of a given one.
+fn caller_code(
+    from: TaskStatus,
+    to: TaskStatus,
+    code: Option<&str>,
+    worker: Option<&str>,
+) -> Result<Option<String>> {
+    let default = match to {
+        TaskStatus::Running => Some(if worker.is_some() {
+            "claimed"
+        } else {
+            "started"
+        }),
+        TaskStatus::Queued if from == TaskStatus::Running => Some("released"),
+        TaskStatus::Queued => Some("requeued"),
+        TaskStatus::Blocked => Some("needs_input"),
+        TaskStatus::Escalated => Some("escalated_manually"),
+        _ => None,
+    };
+    match code {
+        None => Ok(default.map(str::to_owned)),
+        Some(c) => {
+            fsm::check_code(c, fsm::caller_codes(to))?;
+            Ok(Some(c.to_owned()))
+        }
+    }
+}
+
+/// Compare-and-set along the table: the stored status must be `expected`
+/// (checked first), the edge must exist, and a fenced writer must still
+/// hold the claim. The same terminal status again is a no-op.
+pub fn compare_and_set(
+    tx: &Transaction<'_>,
+    id: &str,
+    expected: TaskStatus,
+    to: TaskStatus,
+    code: Option<&str>,
+    fence: &Fence,
+    clock: Clock<'_>,
+) -> Result<TaskRow> {
+    let task = get(tx, id)?;
+    if task.status != expected {
+        return Err(Error::Conflict("task is not in the expected status"));
+    }
+    if to.is_terminal() && task.status == to {
+        return Ok(task);
+    }
+    if !fsm::can_transition(task.status, to) {
+        return Err(Error::Conflict(
+            "transition is not allowed from the current status",
+        ));
+    }
+    let code = caller_code(task.status, to, code, fence.worker.as_deref())?;
+    if task.status != TaskStatus::Queued {
+        fence.check(&task)?;
+    }
+    transition(
+        tx,
+        &task,
+        to,
+        code.as_deref(),
+        fence.worker.as_deref(),
+        clock()?,
+    )
+}
+
+/// Moves a task from whatever it is now into `to` (block, escalate,
+/// requeue, cancel), with the table as the only judge.
+pub fn move_to(
+    tx: &Transaction<'_>,
+    id: &str,
+    to: TaskStatus,
+    code: Option<&str>,
+    fence: &Fence,
+    clock: Clock<'_>,
+) -> Result<TaskRow> {
+    let task = get(tx, id)?;
+    compare_and_set(tx, id, task.status, to, code, fence, clock)
+}
+
+/// An operator raises a task's limits (never lowers them); recorded as a
+/// `budget_granted` event carrying the amounts.
+pub fn grant(tx: &Transaction<'_>, id: &str, amount: Usage, clock: Clock<'_>) -> Result<TaskRow> {
+    let task = get(tx, id)?;
+    let limits = crate::budget::raise(task.limits, amount)?;
+    let now = clock()?;
+    not_before(now, &task)?;
+    let event = Event {
+        task_id: task.id.clone(),
+        kind: events::BUDGET_GRANTED.into(),
+        from: None,
+        to: task.status.as_str().into(),
+        at: now,
+        code: Some("budget_granted".into()),
+        worker: None,
+        grant: Some((amount.calls, amount.tokens, amount.cost_micros)),
+    };
+    let mut next = task.clone();
+    next.limits = limits;
+    next.version = task
+        .version
+        .checked_add(1)
+        .ok_or(Error::Internal("version overflow"))?;
+    next.event_head = events::append(tx, &task.event_head, &event)?;
+    save(tx, &task, &next, Columns::Budget)?;
+    Ok(next)
+}
+
+/// Filters and a keyset cursor for `list_tasks`.
+#[derive(Clone, Debug, Default)]
+pub struct ListQuery {
+    pub status: Option<TaskStatus>,
+    pub tenant: Option<String>,
+    pub owner: Option<String>,
+    pub parent_id: Option<String>,
+    pub limit: i64,
+    /// List tasks after this one in (created_at, id) order.
+    pub after: Option<String>,
+}
+
+/// Tasks matching every given filter, oldest first, at most `limit`.
+pub fn list(tx: &Transaction<'_>, q: &ListQuery) -> Result<Vec<TaskRow>> {
+    let cursor = match &q.after {
+        Some(id) => {
+            let t = get(tx, id)?;
+            Some((t.created_at, t.id))
+        }
+        None => None,
+    };
+    let mut stmt = tx.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM tasks
+         WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR tenant = ?2)
+           AND (?3 IS NULL OR owner = ?3) AND (?4 IS NULL OR parent_id = ?4)
+           AND (?5 IS NULL OR created_at > ?5 OR (created_at = ?5 AND id > ?6))
+         ORDER BY created_at, id LIMIT ?7"
+    ))?;
+    let (after_at, after_id) = cursor.map_or((None, None), |(a, i)| (Some(a), Some(i)));
+    let mut rows = stmt.query(params![
+        q.status.map(TaskStatus::as_str),
+        q.tenant,
+        q.owner,
+        q.parent_id,
+        after_at,
+        after_id,
+        q.limit
+    ])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(TaskRow::checked(row)?);
+    }
+    Ok(out)
+}
+
+/// A task's ancestors, nearest first. A cycle (only possible in a tampered
+/// file) is a conflict rather than an endless walk.
+pub fn ancestors(tx: &Transaction<'_>, task: &TaskRow) -> Result<Vec<TaskRow>> {
+    let mut out: Vec<TaskRow> = Vec::new();
+    let mut next = task.parent_id.clone();
+    while let Some(id) = next {
+        if id == task.id || out.iter().any(|a| a.id == id) {
+            return Err(Error::Conflict("task tree has a cycle"));
+        }
+        let parent = get(tx, &id)?;
+        next.clone_from(&parent.parent_id);
+        out.push(parent);
+    }
+    Ok(out)
 }

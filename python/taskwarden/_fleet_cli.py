@@ -1,0 +1,173 @@
+"""CLI commands of the fleet guard: claims, the state machine, the budget
+guard and listing. Registered by ``cli.build_parser``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from .ledger import Ledger
+from .models import TaskStatus
+
+__all__ = ["FLEET_COMMANDS", "add_fleet_commands", "fleet_command"]
+
+Opener = Callable[[argparse.Namespace], Ledger]
+_STATUSES = [s.value for s in TaskStatus] + ["pending", "in_progress", "completed"]
+
+
+def add_fleet_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Add claim, claim-next, release, charge, budget, grant, transition,
+    block, escalate, requeue, cancel and list."""
+    claim = sub.add_parser("claim", parents=[common], help="claim one queued task for a worker")
+    claim.add_argument("task_id")
+    claim.add_argument("--worker", required=True)
+
+    nxt = sub.add_parser("claim-next", parents=[common], help="claim the oldest queued tasks")
+    nxt.add_argument("--worker", required=True)
+    nxt.add_argument("--tenant")
+    nxt.add_argument("--limit", type=int, default=1)
+
+    release = sub.add_parser("release", parents=[common], help="the owner gives a task back")
+    release.add_argument("task_id")
+    release.add_argument("--worker", required=True)
+
+    charge = sub.add_parser("charge", parents=[common], help="meter LLM use before a call")
+    charge.add_argument("task_id")
+    charge.add_argument("--calls", type=int, default=1)
+    charge.add_argument("--tokens", type=int, default=0)
+    charge.add_argument("--cost-micros", type=int, default=0)
+    charge.add_argument("--worker")
+    charge.add_argument("--attempt", type=int)
+
+    budget = sub.add_parser("budget", parents=[common], help="show budget figures")
+    budget.add_argument("task_id")
+
+    grant = sub.add_parser("grant", parents=[common], help="raise a task's limits")
+    grant.add_argument("task_id")
+    grant.add_argument("--calls", type=int, default=0)
+    grant.add_argument("--tokens", type=int, default=0)
+    grant.add_argument("--cost-micros", type=int, default=0)
+
+    trans = sub.add_parser("transition", parents=[common], help="compare-and-set a status")
+    trans.add_argument("task_id")
+    trans.add_argument("--expected", required=True, choices=_STATUSES)
+    trans.add_argument("--to", required=True, choices=_STATUSES)
+    trans.add_argument("--code")
+    trans.add_argument("--worker")
+    trans.add_argument("--attempt", type=int)
+
+    for name, text in (("block", "running -> blocked"), ("escalate", "running -> escalated")):
+        command = sub.add_parser(name, parents=[common], help=text)
+        command.add_argument("task_id")
+        command.add_argument("--code")
+        command.add_argument("--worker")
+    for name, text in (("requeue", "blocked|escalated -> queued"), ("cancel", "-> cancelled")):
+        sub.add_parser(name, parents=[common], help=text).add_argument("task_id")
+
+    lst = sub.add_parser("list", parents=[common], help="list tasks, oldest first")
+    lst.add_argument("--status", choices=_STATUSES)
+    lst.add_argument("--tenant")
+    lst.add_argument("--owner")
+    lst.add_argument("--parent-id")
+    lst.add_argument("--limit", type=int, default=100)
+    lst.add_argument("--after", help="the last id of the previous page")
+
+
+def _task(task: Any) -> dict[str, Any]:
+    return {"ok": True, "task": None if task is None else task.to_dict()}
+
+
+def _tasks(tasks: list[Any]) -> dict[str, Any]:
+    return {"ok": True, "tasks": [t.to_dict() for t in tasks]}
+
+
+def _parked_code(args: argparse.Namespace, default: str) -> str:
+    return args.code if args.code is not None else default
+
+
+def _run(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
+    c = args.command
+    if c == "claim":
+        return _task(ledger.claim(args.task_id, args.worker))
+    if c == "claim-next":
+        return _tasks(ledger.claim_next(args.worker, tenant=args.tenant, limit=args.limit))
+    if c == "release":
+        return _task(ledger.release(args.task_id, args.worker))
+    if c in ("charge", "budget"):
+        if c == "budget":
+            result = ledger.budget(args.task_id)
+        else:
+            result = ledger.charge(
+                args.task_id,
+                calls=args.calls,
+                tokens=args.tokens,
+                cost_micros=args.cost_micros,
+                worker=args.worker,
+                attempt=args.attempt,
+            )
+        return {"ok": True, "charge": result.to_dict()}
+    if c == "grant":
+        return _task(
+            ledger.grant(
+                args.task_id, calls=args.calls, tokens=args.tokens, cost_micros=args.cost_micros
+            )
+        )
+    if c == "transition":
+        return _task(
+            ledger.transition(
+                args.task_id,
+                args.expected,
+                args.to,
+                code=args.code,
+                worker=args.worker,
+                attempt=args.attempt,
+            )
+        )
+    if c == "block":
+        return _task(
+            ledger.block(args.task_id, code=_parked_code(args, "needs_input"), worker=args.worker)
+        )
+    if c == "escalate":
+        code = _parked_code(args, "escalated_manually")
+        return _task(ledger.escalate(args.task_id, code=code, worker=args.worker))
+    if c == "requeue":
+        return _task(ledger.requeue(args.task_id))
+    if c == "cancel":
+        return _task(ledger.cancel(args.task_id))
+    return _tasks(
+        ledger.list_tasks(
+            status=args.status,
+            tenant=args.tenant,
+            owner=args.owner,
+            parent_id=args.parent_id,
+            limit=args.limit,
+            after=args.after,
+        )
+    )
+
+
+def _command(args: argparse.Namespace, opener: Opener) -> dict[str, Any]:
+    with opener(args) as ledger:
+        return _run(args, ledger)
+
+
+FLEET_COMMANDS = (
+    "claim",
+    "claim-next",
+    "release",
+    "charge",
+    "budget",
+    "grant",
+    "transition",
+    "block",
+    "escalate",
+    "requeue",
+    "cancel",
+    "list",
+)
+
+
+def fleet_command(opener: Opener) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """The handler for every fleet command, opening the ledger with ``opener``."""
+    return lambda args: _command(args, opener)

@@ -1,0 +1,110 @@
+//! The budget guard's one atomic write (SPEC §4): a charge either fits the
+//! task and every ancestor and is added to all of them, or nothing is
+//! charged and the task is force-escalated. Never raises for state reasons.
+
+use rusqlite::Transaction;
+
+use crate::budget::{self, Dimension};
+use crate::errors::{Error, Result};
+use crate::fsm::TaskStatus;
+use crate::task::{TaskRow, Usage};
+use crate::tasks::{self, Clock, Columns, Fence};
+
+/// What a charge (or a budget read) found.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub allowed: bool,
+    pub escalated: bool,
+    pub exhausted: Option<Dimension>,
+    pub task: TaskRow,
+}
+
+/// Charges `amount` to `id` and every ancestor, or escalates `id`.
+pub fn charge(
+    tx: &Transaction<'_>,
+    id: &str,
+    amount: Usage,
+    fence: &Fence,
+    clock: Clock<'_>,
+) -> Result<Outcome> {
+    let task = tasks::get(tx, id)?;
+    let refused = |task: TaskRow| Outcome {
+        allowed: false,
+        escalated: false,
+        exhausted: None,
+        task,
+    };
+    if task.status != TaskStatus::Running || fence.check(&task).is_err() {
+        return Ok(refused(task));
+    }
+    if amount == Usage::default() {
+        return Ok(Outcome {
+            allowed: true,
+            escalated: false,
+            exhausted: None,
+            task,
+        });
+    }
+    let chain = std::iter::once(task.clone())
+        .chain(tasks::ancestors(tx, &task)?)
+        .collect::<Vec<_>>();
+    let mut grown = Vec::with_capacity(chain.len());
+    for node in &chain {
+        match budget::add(node.usage, node.limits, amount)? {
+            Ok(usage) => grown.push(usage),
+            Err(dim) => {
+                let now = clock()?;
+                let worker = fence.worker.as_deref();
+                let parked = tasks::transition(
+                    tx,
+                    &task,
+                    TaskStatus::Escalated,
+                    Some("budget_exhausted"),
+                    worker,
+                    now,
+                )?;
+                return Ok(Outcome {
+                    allowed: false,
+                    escalated: true,
+                    exhausted: Some(dim),
+                    task: parked,
+                });
+            }
+        }
+    }
+    let mut charged = None;
+    for (node, usage) in chain.iter().zip(grown) {
+        let mut next = node.clone();
+        next.usage = usage;
+        next.version = node
+            .version
+            .checked_add(1)
+            .ok_or(Error::Internal("version overflow"))?;
+        tasks::save(tx, node, &next, Columns::Budget)?;
+        charged.get_or_insert(next);
+    }
+    let task = charged.ok_or(Error::Internal("empty charge chain"))?;
+    Ok(Outcome {
+        allowed: true,
+        escalated: false,
+        exhausted: None,
+        task,
+    })
+}
+
+/// The same figures without charging: `allowed` says whether a one-call
+/// charge would pass now, `exhausted` which limit (own or an ancestor's)
+/// is already used up.
+pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
+    let task = tasks::get(tx, id)?;
+    let exhausted = std::iter::once(task.clone())
+        .chain(tasks::ancestors(tx, &task)?)
+        .find_map(|node| budget::spent(node.usage, node.limits));
+    let allowed = task.status == TaskStatus::Running && exhausted.is_none();
+    Ok(Outcome {
+        allowed,
+        escalated: false,
+        exhausted,
+        task,
+    })
+}

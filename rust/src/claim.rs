@@ -1,0 +1,113 @@
+//! Atomic claims across threads and processes: a queued task gets exactly
+//! one owner, because the claim is a guarded status change inside a write
+//! transaction that only one connection can hold.
+
+use rusqlite::{params, Transaction};
+
+use crate::errors::{Error, Result};
+use crate::fsm::TaskStatus;
+use crate::task::{TaskRow, COLUMNS};
+use crate::tasks::{self, Clock};
+
+/// Claims `id` for `worker` if it is queued; `None` if it is not.
+pub fn claim(
+    tx: &Transaction<'_>,
+    id: &str,
+    worker: &str,
+    clock: Clock<'_>,
+) -> Result<Option<TaskRow>> {
+    let task = tasks::get(tx, id)?;
+    if task.status != TaskStatus::Queued {
+        return Ok(None);
+    }
+    let now = clock()?;
+    tasks::transition(
+        tx,
+        &task,
+        TaskStatus::Running,
+        Some("claimed"),
+        Some(worker),
+        now,
+    )
+    .map(Some)
+}
+
+/// Claims up to `limit` of the oldest queued tasks (by creation time, then
+/// id), optionally of one tenant, all in the caller's one transaction.
+pub fn claim_next(
+    tx: &Transaction<'_>,
+    worker: &str,
+    tenant: Option<&str>,
+    limit: i64,
+    clock: Clock<'_>,
+) -> Result<Vec<TaskRow>> {
+    let queued = {
+        let sql = if tenant.is_some() {
+            format!(
+                "SELECT {COLUMNS} FROM tasks WHERE status = 'queued' AND tenant = ?1 \
+                 ORDER BY created_at, id LIMIT ?2"
+            )
+        } else {
+            format!(
+                "SELECT {COLUMNS} FROM tasks WHERE status = 'queued' AND ?1 IS NULL \
+                 ORDER BY created_at, id LIMIT ?2"
+            )
+        };
+        let mut stmt = tx.prepare_cached(&sql)?;
+        let mut rows = stmt.query(params![tenant, limit])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push(TaskRow::checked(row)?);
+        }
+        out
+    };
+    if queued.is_empty() {
+        return Ok(queued);
+    }
+    let now = clock()?;
+    queued
+        .iter()
+        .map(|task| {
+            tasks::transition(
+                tx,
+                task,
+                TaskStatus::Running,
+                Some("claimed"),
+                Some(worker),
+                now,
+            )
+        })
+        .collect()
+}
+
+/// The owner gives a running task back: it is queued again, or escalated
+/// (`attempts_exhausted`) once it has been claimed `max_attempts` times.
+pub fn release(tx: &Transaction<'_>, id: &str, worker: &str, clock: Clock<'_>) -> Result<TaskRow> {
+    let task = tasks::get(tx, id)?;
+    if task.status != TaskStatus::Running {
+        return Err(Error::Conflict("only a running task can be released"));
+    }
+    if task.owner.as_deref() != Some(worker) {
+        return Err(Error::Conflict("task is not owned by this worker"));
+    }
+    let now = clock()?;
+    if task.attempt_count >= task.max_attempts {
+        tasks::transition(
+            tx,
+            &task,
+            TaskStatus::Escalated,
+            Some("attempts_exhausted"),
+            Some(worker),
+            now,
+        )
+    } else {
+        tasks::transition(
+            tx,
+            &task,
+            TaskStatus::Queued,
+            Some("released"),
+            Some(worker),
+            now,
+        )
+    }
+}
