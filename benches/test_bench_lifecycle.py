@@ -32,6 +32,8 @@ def _lifecycles(ledger, n: int) -> None:
 
 
 def _record(benchmark, ops_per_round: int) -> None:
+    if benchmark.stats is None:  # --benchmark-disable: a smoke run, no timings
+        return
     mean = benchmark.stats.stats.mean
     benchmark.extra_info["ops_per_second"] = round(ops_per_round / mean)
 

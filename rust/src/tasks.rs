@@ -666,7 +666,7 @@ pub fn list(tx: &Transaction<'_>, q: &ListQuery) -> Result<Vec<TaskRow>> {
 pub fn ancestors(tx: &Transaction<'_>, task: &TaskRow) -> Result<Vec<TaskRow>> {
     let mut out: Vec<TaskRow> = Vec::new();
     let mut next = task.parent_id.clone();
-    while let Some(id) = next {
+    while let Some(id) = next.take() {
         if id == task.id || out.iter().any(|a| a.id == id) {
             return Err(Error::Conflict("task tree has a cycle"));
         }
