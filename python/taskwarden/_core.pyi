@@ -131,5 +131,15 @@ class LedgerCore:
         after: object = None,
     ) -> list[TaskRow]:
         """Keyset-paged listing, oldest first."""
+    def delete_task(self, task_id: object) -> None:
+        """Delete one fully closed task without children."""
+    def purge(
+        self, *, older_than_seconds: object, dry_run: object, tenant: object = None
+    ) -> dict[str, Any]:
+        """Purge fully closed old task trees in batches."""
+    def stats(self, *, tenant: object = None) -> dict[str, Any]:
+        """Counts by status, delivery and tenant; file sizes."""
+    def doctor(self) -> dict[str, Any]:
+        """Integrity and consistency report, counts only."""
     def storage_info(self) -> dict[str, Any]: ...
     def is_read_only(self) -> bool: ...

@@ -101,6 +101,25 @@ def _add_recovery(sub: Any, common: argparse.ArgumentParser) -> None:
         default=64,
         help="largest file a dry run copies into memory (default 64)",
     )
+    doctor = sub.add_parser(
+        "doctor", parents=[common], help="integrity and consistency check (exit 1 if unhealthy)"
+    )
+    doctor.add_argument(
+        "--read-only",
+        action="store_true",
+        help="never create, migrate or touch the file (checks a private copy)",
+    )
+    doctor.add_argument(
+        "--snapshot-max-mib", type=int, default=64, help="with --read-only (default 64)"
+    )
+    purge = sub.add_parser(
+        "purge", parents=[common], help="remove fully closed task trees older than a cutoff"
+    )
+    purge.add_argument("--older-than-seconds", type=float, required=True)
+    purge.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    purge.add_argument("--tenant")
+    stats = sub.add_parser("stats", parents=[common], help="counts by status, delivery, tenant")
+    stats.add_argument("--tenant")
     demo = sub.add_parser(
         "demo", parents=[common], help="a synthetic restart: preview, apply, recheck"
     )
@@ -216,6 +235,53 @@ def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
     return {"ok": True, "reconcile": report}
 
 
+def _cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if args.read_only:
+        if args.snapshot_max_mib < 0:
+            raise InvalidInput("snapshot size must not be negative")
+        options["snapshot_max_bytes"] = args.snapshot_max_mib * 1024 * 1024
+    with _open(args, read_only=args.read_only, **options) as ledger:
+        report = ledger.doctor()
+    return {**report, "_healthy": report["healthy"] is True, "_explain": _doctor_text(report)}
+
+
+def _doctor_text(report: dict[str, Any]) -> list[str]:
+    verdict = "healthy" if report["healthy"] else "UNHEALTHY"
+    lines = [
+        f"ledger: {verdict} (schema v{report['schema_version']}, "
+        f"{report['task_count']} tasks, {report['event_count']} events)"
+    ]
+    if report["quick_check"] != "ok":
+        lines.append("  SQLite quick_check failed: the file is damaged")
+    if not report["schema_ok"]:
+        lines.append("  the schema is not exactly taskwarden's")
+    problems = {
+        k: v
+        for k, v in report.items()
+        if k.endswith("_count") and v and k not in ("task_count", "event_count")
+    }
+    lines += [
+        f"  {key.removesuffix('_count').replace('_', ' ')}: {n}" for key, n in problems.items()
+    ]
+    counts = ", ".join(f"{k} {v}" for k, v in report["task_status_counts"].items() if v)
+    lines.append(f"tasks by status: {counts or 'none'}")
+    return lines
+
+
+def _cmd_purge(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        report = ledger.purge(
+            older_than_seconds=args.older_than_seconds, dry_run=args.dry_run, tenant=args.tenant
+        )
+    return {"ok": True, "purge": report}
+
+
+def _cmd_stats(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return {"ok": True, "stats": ledger.stats(tenant=args.tenant)}
+
+
 def _cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     from .demo import explain, run_demo
 
@@ -235,6 +301,9 @@ COMMANDS: dict[str, Command] = {
     "delivery": _cmd_delivery,
     "reconcile": _cmd_reconcile,
     "demo": _cmd_demo,
+    "doctor": _cmd_doctor,
+    "purge": _cmd_purge,
+    "stats": _cmd_stats,
     **dict.fromkeys(FLEET_COMMANDS, fleet_command(_open)),
 }
 

@@ -312,6 +312,32 @@ class Ledger:
             )
         )
 
+    def delete_task(self, task_id: str) -> None:
+        """Delete one fully closed task (terminal, delivery terminal) without
+        children, and its events."""
+        self._core.delete_task(task_id)
+
+    def purge(
+        self, *, older_than_seconds: float, dry_run: bool = False, tenant: str | None = None
+    ) -> dict[str, Any]:
+        """Remove whole task trees in which every task is fully closed and
+        last changed more than ``older_than_seconds`` ago, in short batches.
+        Counts only."""
+        return dict(
+            self._core.purge(older_than_seconds=older_than_seconds, dry_run=dry_run, tenant=tenant)
+        )
+
+    def stats(self, *, tenant: str | None = None) -> dict[str, Any]:
+        """Counts by status, delivery state and tenant; file and WAL size."""
+        return dict(self._core.stats(tenant=tenant))
+
+    def doctor(self) -> dict[str, Any]:
+        """Is the file a healthy ledger? ``quick_check``, the exact schema,
+        foreign keys, state, owner, budget and timestamp rules, parent links
+        and each task's hash-chained event history. Counts only, never an
+        id; nothing is repaired."""
+        return dict(self._core.doctor())
+
     def storage_info(self) -> dict[str, Any]:
         """Journal mode, busy timeout, foreign keys, permission model, durability."""
         return dict(self._core.storage_info())

@@ -7,9 +7,11 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
 use crate::budget::Dimension;
 use crate::charge::Outcome;
+use crate::doctor::Report as DoctorReport;
 use crate::errors::{Error, Result};
 use crate::fsm::{DeliveryStatus, TaskStatus};
 use crate::reconcile::Report;
+use crate::retention::{PurgeReport, Stats};
 use crate::store::StorageInfo;
 use crate::task::{TaskRow, Usage};
 use crate::validate;
@@ -273,4 +275,67 @@ pub fn charge_tuple<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, Py
         remaining(t.limits.cost_micros, t.usage.cost_micros).into_pyobject(py)?,
     ];
     PyTuple::new(py, items)
+}
+
+/// A doctor report as a dict: the peer's keys plus taskwarden's counters.
+pub fn doctor_dict<'py>(py: Python<'py>, r: &DoctorReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("healthy", r.healthy)?;
+    d.set_item(
+        "quick_check",
+        if r.quick_check_ok { "ok" } else { "failed" },
+    )?;
+    d.set_item("schema_version", r.schema_version)?;
+    d.set_item("schema_ok", r.schema_ok)?;
+    d.set_item("task_count", r.task_count)?;
+    d.set_item("event_count", r.event_count)?;
+    d.set_item("task_status_counts", r.task_status_counts.clone())?;
+    d.set_item("delivery_status_counts", r.delivery_status_counts.clone())?;
+    for (key, value) in [
+        ("orphan_count", r.orphan_count),
+        ("parent_cycle_count", r.parent_cycle_count),
+        ("foreign_key_error_count", r.foreign_key_error_count),
+        ("state_inconsistency_count", r.state_inconsistency_count),
+        ("owner_inconsistency_count", r.owner_inconsistency_count),
+        ("budget_inconsistency_count", r.budget_inconsistency_count),
+        (
+            "timestamp_inconsistency_count",
+            r.timestamp_inconsistency_count,
+        ),
+        ("event_inconsistency_count", r.event_inconsistency_count),
+        ("event_chain_break_count", r.event_chain_break_count),
+        ("doctor_error_count", r.doctor_error_count),
+    ] {
+        d.set_item(key, value)?;
+    }
+    Ok(d)
+}
+
+/// A purge report as a dict (counts only).
+pub fn purge_dict<'py>(py: Python<'py>, r: &PurgeReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("dry_run", r.dry_run)?;
+    d.set_item("trees_purged", r.trees_purged)?;
+    d.set_item("tasks_purged", r.tasks_purged)?;
+    d.set_item("events_purged", r.events_purged)?;
+    d.set_item("batches", r.batches)?;
+    d.set_item("longest_batch_ms", r.longest_batch_micros as f64 / 1000.0)?;
+    Ok(d)
+}
+
+/// `stats()` as a dict.
+pub fn stats_dict<'py>(
+    py: Python<'py>,
+    s: &Stats,
+    sizes: Option<(u64, u64)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("task_count", s.task_count)?;
+    d.set_item("event_count", s.event_count)?;
+    d.set_item("by_status", s.by_status.clone())?;
+    d.set_item("by_delivery", s.by_delivery.clone())?;
+    d.set_item("by_tenant", s.by_tenant.clone())?;
+    d.set_item("file_bytes", sizes.map(|(f, _)| f))?;
+    d.set_item("wal_bytes", sizes.map(|(_, w)| w))?;
+    Ok(d)
 }

@@ -11,6 +11,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use crate::convert;
 use crate::errors::{Error, Result};
 use crate::reconcile::{self, Policy};
+use crate::retention::{self, PurgeReport};
 use crate::snapshot;
 use crate::store::{Durability, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
@@ -468,6 +469,78 @@ impl LedgerCore {
         };
         let rows = self.run(py, |store, _| store.read(|tx| tasks::list(tx, &query)))?;
         task_list(py, &rows)
+    }
+
+    /// Deletes one fully closed task without children, and its events.
+    fn delete_task(&self, py: Python<'_>, task_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = convert::task_id(task_id)?;
+        self.run(py, |store, _| {
+            store.write(|tx| retention::delete_task(tx, &id))
+        })
+    }
+
+    /// Purges fully closed task trees last changed `older_than_seconds` ago,
+    /// a batch per write transaction so other writers never wait long.
+    #[pyo3(signature = (*, older_than_seconds, dry_run, tenant=None))]
+    fn purge<'py>(
+        &self,
+        py: Python<'py>,
+        older_than_seconds: &Bound<'py, PyAny>,
+        dry_run: &Bound<'py, PyAny>,
+        tenant: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let dry_run = convert::flag(dry_run)?;
+        let older_than = convert::seconds(older_than_seconds)?;
+        let tenant = convert::opt_name(tenant)?;
+        let report = self.run(py, |store, clock| {
+            let cutoff = clock()? - older_than;
+            let mut report = PurgeReport {
+                dry_run,
+                ..PurgeReport::default()
+            };
+            let mut after = String::new();
+            loop {
+                let batch = |tx: &rusqlite::Transaction<'_>| {
+                    retention::timed(&mut report, |r| {
+                        retention::purge_batch(tx, &after, cutoff, tenant.as_deref(), dry_run, r)
+                    })
+                };
+                let next = if dry_run {
+                    store.read(batch)?
+                } else {
+                    store.write(batch)?
+                };
+                match next {
+                    Some(last) => after = last,
+                    None => break,
+                }
+            }
+            Ok(report)
+        })?;
+        convert::purge_dict(py, &report)
+    }
+
+    /// Counts by status, delivery and tenant, and the file's size.
+    #[pyo3(signature = (*, tenant=None))]
+    fn stats<'py>(
+        &self,
+        py: Python<'py>,
+        tenant: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let tenant = convert::opt_name(tenant)?;
+        let (stats, sizes) = self.run(py, |store, _| {
+            Ok((
+                store.read(|tx| retention::stats(tx, tenant.as_deref()))?,
+                store.file_sizes(),
+            ))
+        })?;
+        convert::stats_dict(py, &stats, sizes)
+    }
+
+    /// Is the file a healthy ledger? Counts only.
+    fn doctor<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let report = self.run(py, |store, _| store.doctor())?;
+        convert::doctor_dict(py, &report)
     }
 
     fn storage_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, MAIN_DB};
 
+use crate::doctor;
 use crate::errors::{Error, Result};
 use crate::events;
 use crate::fsguard::{self, DbPath, Identity, Sidecars};
@@ -371,6 +372,44 @@ impl Store {
     pub fn read<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.verify()?;
         self.transaction(TransactionBehavior::Deferred, op)
+    }
+
+    /// Runs doctor: the logical checks in one read transaction on this
+    /// connection while, for a file, `PRAGMA quick_check` runs at the same
+    /// time on a second read-only connection (its own consistent snapshot),
+    /// so the doctor costs little more than `quick_check` alone.
+    pub fn doctor(&mut self) -> Result<doctor::Report> {
+        let Backing::File { path, .. } = &self.backing else {
+            let quick = doctor::quick_check(&self.conn);
+            return Ok(self
+                .read(|tx| Ok(doctor::check(tx)))?
+                .with_quick_check(quick));
+        };
+        let file = path.file.clone();
+        let busy = Duration::from_millis(u64::from(self.busy_timeout_ms));
+        std::thread::scope(|scope| {
+            let quick = scope.spawn(move || {
+                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                Connection::open_with_flags(&file, flags)
+                    .and_then(|c| c.busy_timeout(busy).map(|()| c))
+                    .is_ok_and(|c| doctor::quick_check(&c))
+            });
+            let report = self.read(|tx| Ok(doctor::check(tx)));
+            let quick = quick.join().unwrap_or(false);
+            Ok(report?.with_quick_check(quick))
+        })
+    }
+
+    /// Bytes of the database file and of its WAL (files only).
+    #[must_use]
+    pub fn file_sizes(&self) -> Option<(u64, u64)> {
+        let Backing::File { path, .. } = &self.backing else {
+            return None;
+        };
+        let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let mut wal = path.file.as_os_str().to_owned();
+        wal.push("-wal");
+        Some((size(&path.file), size(std::path::Path::new(&wal))))
     }
 
     /// True for a read-only handle.

@@ -116,7 +116,11 @@ impl TaskRow {
     /// Reads and validates: what every public read returns.
     pub fn checked(row: &Row<'_>) -> Result<TaskRow> {
         let task = TaskRow::from_row(row)?;
-        if task.state_problem() || task.timestamp_problem() {
+        if task.state_problem()
+            || task.owner_problem()
+            || task.budget_problem()
+            || task.timestamp_problem()
+        {
             return Err(BAD_ROW);
         }
         Ok(task)
@@ -152,22 +156,40 @@ impl TaskRow {
         let timeout_ok = self
             .timeout_seconds
             .is_none_or(|t| t.is_finite() && t >= 0.0);
-        let names_ok = self
+        let tenant_ok = self
             .tenant
             .as_deref()
-            .is_none_or(|n| validate::name(n).is_ok())
-            && self
-                .owner
-                .as_deref()
-                .is_none_or(|n| validate::name(n).is_ok());
+            .is_none_or(|n| validate::name(n).is_ok());
+        let attempts_ok = self.attempt_count >= 0 && self.max_attempts >= 0;
         !(ids_ok
             && hash_ok
             && timeout_ok
-            && names_ok
+            && tenant_ok
+            && attempts_ok
             && self.codes_ok()
-            && self.delivery_ok()
-            && self.owner_ok()
-            && self.counters_ok())
+            && self.delivery_ok())
+    }
+
+    /// True when the owner is malformed, or set on a queued task.
+    #[must_use]
+    pub fn owner_problem(&self) -> bool {
+        let name_ok = self
+            .owner
+            .as_deref()
+            .is_none_or(|n| validate::name(n).is_ok());
+        // A queued task has no owner; every other status keeps the last one
+        // (a task started through the peer's start_task has none at all).
+        !(name_ok && (self.status != TaskStatus::Queued || self.owner.is_none()))
+    }
+
+    /// True when a usage counter is negative or above its limit.
+    #[must_use]
+    pub fn budget_problem(&self) -> bool {
+        let within =
+            |used: i64, limit: Option<i64>| used >= 0 && limit.is_none_or(|l| l >= 0 && used <= l);
+        !(within(self.usage.calls, self.limits.calls)
+            && within(self.usage.tokens, self.limits.tokens)
+            && within(self.usage.cost_micros, self.limits.cost_micros))
     }
 
     fn codes_ok(&self) -> bool {
@@ -204,22 +226,6 @@ impl TaskRow {
             + i64::from(self.status.is_terminal())
             + i64::from(self.delivery_status.is_terminal());
         flag_ok && order_ok && self.version >= floor
-    }
-
-    fn owner_ok(&self) -> bool {
-        // A queued task has no owner; a running one always has one unless it
-        // was started through the peer's start_task, which names nobody.
-        self.status != TaskStatus::Queued || self.owner.is_none()
-    }
-
-    fn counters_ok(&self) -> bool {
-        let within =
-            |used: i64, limit: Option<i64>| used >= 0 && limit.is_none_or(|l| l >= 0 && used <= l);
-        self.attempt_count >= 0
-            && self.max_attempts >= 0
-            && within(self.usage.calls, self.limits.calls)
-            && within(self.usage.tokens, self.limits.tokens)
-            && within(self.usage.cost_micros, self.limits.cost_micros)
     }
 
     /// True when a timestamp is non-finite or out of order (the peer's rules

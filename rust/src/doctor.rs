@@ -1,0 +1,449 @@
+//! `doctor` (SPEC §6): is this file a healthy ledger? Counts only, never an
+//! id, and nothing is repaired.
+//!
+//! Every logical check runs inside one read transaction, streaming: tasks
+//! in id order merged with their events (by the events' task index) and
+//! with their children's usage sums, so memory stays flat however large the
+//! ledger is, and a concurrent writer can never make a healthy ledger look
+//! unhealthy. `PRAGMA quick_check` runs beside it (see `Store::doctor`).
+
+use std::collections::BTreeMap;
+
+use rusqlite::{OptionalExtension, Row, Transaction};
+
+use crate::errors::Result;
+use crate::events::{self, Event, Hash};
+use crate::fsm::{self, DeliveryStatus, TaskStatus, ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
+use crate::schema::{self, Found};
+use crate::task::{TaskRow, COLUMNS};
+
+/// What doctor found. Every field is a count or a flag.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub healthy: bool,
+    pub quick_check_ok: bool,
+    pub schema_version: Option<i64>,
+    pub schema_ok: bool,
+    pub task_count: i64,
+    pub event_count: i64,
+    pub task_status_counts: BTreeMap<&'static str, i64>,
+    pub delivery_status_counts: BTreeMap<&'static str, i64>,
+    pub orphan_count: i64,
+    pub parent_cycle_count: i64,
+    pub foreign_key_error_count: i64,
+    pub state_inconsistency_count: i64,
+    pub owner_inconsistency_count: i64,
+    pub budget_inconsistency_count: i64,
+    pub timestamp_inconsistency_count: i64,
+    pub event_inconsistency_count: i64,
+    pub event_chain_break_count: i64,
+    pub doctor_error_count: i64,
+}
+
+impl Report {
+    fn empty() -> Report {
+        Report {
+            task_status_counts: ALL_TASK_STATUSES.iter().map(|s| (s.as_str(), 0)).collect(),
+            delivery_status_counts: ALL_DELIVERY_STATUSES
+                .iter()
+                .map(|s| (s.as_str(), 0))
+                .collect(),
+            ..Report::default()
+        }
+    }
+
+    /// The report with SQLite's own page-level verdict folded in.
+    #[must_use]
+    pub fn with_quick_check(mut self, ok: bool) -> Report {
+        self.quick_check_ok = ok;
+        self.settle();
+        self
+    }
+
+    fn settle(&mut self) {
+        self.healthy = self.quick_check_ok
+            && self.schema_ok
+            && self.doctor_error_count == 0
+            && [
+                self.orphan_count,
+                self.parent_cycle_count,
+                self.foreign_key_error_count,
+                self.state_inconsistency_count,
+                self.owner_inconsistency_count,
+                self.budget_inconsistency_count,
+                self.timestamp_inconsistency_count,
+                self.event_inconsistency_count,
+                self.event_chain_break_count,
+            ]
+            .iter()
+            .all(|n| *n == 0);
+    }
+}
+
+/// Runs `PRAGMA quick_check` on `conn`: true only for a single `ok`.
+#[must_use]
+pub fn quick_check(conn: &rusqlite::Connection) -> bool {
+    let rows: rusqlite::Result<Vec<String>> = conn
+        .prepare("PRAGMA quick_check")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect());
+    matches!(rows.as_deref(), Ok([ok]) if ok == "ok")
+}
+
+/// The logical checks, in the caller's read transaction. The caller adds
+/// the `quick_check` verdict with [`Report::with_quick_check`], having run
+/// it beside this on another connection where it could.
+#[must_use]
+pub fn check(tx: &Transaction<'_>) -> Report {
+    let mut report = Report::empty();
+    report.quick_check_ok = true;
+    report.schema_version = stored_version(tx);
+    report.schema_ok = matches!(schema::inspect(tx), Ok(Found::Current));
+    if !report.schema_ok {
+        report.doctor_error_count = 1;
+        report.settle();
+        return report;
+    }
+    match scan(tx, &mut report) {
+        Ok(()) => {}
+        Err(_) => report.doctor_error_count += 1,
+    }
+    report.settle();
+    report
+}
+
+fn stored_version(tx: &Transaction<'_>) -> Option<i64> {
+    let raw: Option<rusqlite::types::Value> = tx
+        .query_row(
+            "SELECT value FROM schema_meta WHERE key = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .ok()
+        .flatten();
+    match raw {
+        Some(rusqlite::types::Value::Text(t))
+            if !t.is_empty() && t.len() <= 20 && t.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            t.parse().ok()
+        }
+        _ => None,
+    }
+}
+
+/// One event row as streamed (its task id kept separately).
+struct EventRow {
+    task_id: String,
+    event: Event,
+    stored_hash: Option<Hash>,
+}
+
+fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
+    let grant: (Option<i64>, Option<i64>, Option<i64>) = (row.get(7)?, row.get(8)?, row.get(9)?);
+    let task_id: String = row.get(0)?;
+    Ok(EventRow {
+        event: Event {
+            task_id: task_id.clone(),
+            kind: row.get(1)?,
+            from: row.get(2)?,
+            to: row.get(3)?,
+            at: row.get(4)?,
+            code: row.get(5)?,
+            worker: row.get(6)?,
+            grant: match grant {
+                (Some(c), Some(t), Some(m)) => Some((c, t, m)),
+                _ => None,
+            },
+        },
+        task_id,
+        stored_hash: row
+            .get::<_, Vec<u8>>(10)
+            .ok()
+            .and_then(|v| v.try_into().ok()),
+    })
+}
+
+/// Children's usage, summed per parent without overflow.
+#[derive(Default)]
+struct ChildSums {
+    parent: String,
+    calls: i128,
+    tokens: i128,
+    cost: i128,
+}
+
+fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
+    let mut tasks = tx.prepare(&format!("SELECT {COLUMNS} FROM tasks ORDER BY id"))?;
+    let mut events = tx.prepare(
+        "SELECT task_id, event_kind, from_value, to_value, occurred_at, code, worker,
+                grant_calls, grant_tokens, grant_cost_micros, event_hash
+         FROM task_events ORDER BY task_id, sequence",
+    )?;
+    let mut children = tx.prepare(
+        "SELECT parent_id, llm_calls_used, tokens_used, cost_used_micros FROM tasks
+         WHERE parent_id IS NOT NULL ORDER BY parent_id",
+    )?;
+    let mut parent_of = tx.prepare("SELECT parent_id, created_at FROM tasks WHERE id = ?1")?;
+
+    let mut task_rows = tasks.query([])?;
+    let mut event_rows = events.query([])?;
+    let mut child_rows = children.query([])?;
+    let mut next_event = advance_event(&mut event_rows, report)?;
+    let mut next_child = advance_child(&mut child_rows)?;
+
+    while let Some(row) = task_rows.next()? {
+        report.task_count += 1;
+        let Ok(task) = TaskRow::from_row(row) else {
+            report.state_inconsistency_count += 1;
+            continue;
+        };
+        *report
+            .task_status_counts
+            .entry(task.status.as_str())
+            .or_default() += 1;
+        *report
+            .delivery_status_counts
+            .entry(task.delivery_status.as_str())
+            .or_default() += 1;
+        report.state_inconsistency_count += i64::from(task.state_problem());
+        report.owner_inconsistency_count += i64::from(task.owner_problem());
+
+        // Events of tasks that sort before this one belong to no task.
+        while next_event.as_ref().is_some_and(|e| e.task_id < task.id) {
+            report.foreign_key_error_count += 1;
+            next_event = advance_event(&mut event_rows, report)?;
+        }
+        let mut chain = Chain::new();
+        while next_event.as_ref().is_some_and(|e| e.task_id == task.id) {
+            if let Some(e) = next_event.take() {
+                chain.feed(&e);
+            }
+            next_event = advance_event(&mut event_rows, report)?;
+        }
+        let (broken, inconsistent) = chain.finish(&task);
+        report.event_chain_break_count += i64::from(broken);
+        report.event_inconsistency_count += i64::from(inconsistent);
+
+        // Children whose parent sorts before this task have no parent row.
+        let mut sums = ChildSums::default();
+        loop {
+            match &next_child {
+                Some(c) if c.parent < task.id => report.orphan_count += 1,
+                Some(c) if c.parent == task.id => {
+                    sums.calls += c.calls;
+                    sums.tokens += c.tokens;
+                    sums.cost += c.cost;
+                }
+                _ => break,
+            }
+            next_child = advance_child(&mut child_rows)?;
+        }
+        let rolled_up = i128::from(task.usage.calls) >= sums.calls
+            && i128::from(task.usage.tokens) >= sums.tokens
+            && i128::from(task.usage.cost_micros) >= sums.cost;
+        report.budget_inconsistency_count += i64::from(task.budget_problem() || !rolled_up);
+
+        let mut late_child = false;
+        if let Some(parent) = &task.parent_id {
+            let (on_cycle, parent_created) = walk_parents(&mut parent_of, &task.id, parent)?;
+            report.parent_cycle_count += i64::from(on_cycle);
+            late_child = parent_created.is_some_and(|p| task.created_at < p);
+        }
+        report.timestamp_inconsistency_count += i64::from(task.timestamp_problem() || late_child);
+    }
+    while next_event.is_some() {
+        report.foreign_key_error_count += 1;
+        next_event = advance_event(&mut event_rows, report)?;
+    }
+    while next_child.is_some() {
+        report.orphan_count += 1;
+        next_child = advance_child(&mut child_rows)?;
+    }
+    report.foreign_key_error_count += report.orphan_count;
+    Ok(())
+}
+
+fn advance_event(rows: &mut rusqlite::Rows<'_>, report: &mut Report) -> Result<Option<EventRow>> {
+    loop {
+        let Some(row) = rows.next()? else {
+            return Ok(None);
+        };
+        report.event_count += 1;
+        match event_row(row) {
+            Ok(e) => return Ok(Some(e)),
+            // A row of the wrong shape is an inconsistency, never a crash.
+            Err(_) => report.event_inconsistency_count += 1,
+        }
+    }
+}
+
+fn advance_child(rows: &mut rusqlite::Rows<'_>) -> Result<Option<ChildSums>> {
+    let Some(row) = rows.next()? else {
+        return Ok(None);
+    };
+    let num = |i| row.get::<_, i64>(i).map_or(i128::MAX, i128::from);
+    Ok(Some(ChildSums {
+        parent: row.get(0)?,
+        calls: num(1),
+        tokens: num(2),
+        cost: num(3),
+    }))
+}
+
+/// Follows parent links from `start`. Returns whether `start` sits on a
+/// cycle whose smallest id is `start` (so each cycle counts once), and the
+/// direct parent's creation time if the parent exists.
+fn walk_parents(
+    lookup: &mut rusqlite::Statement<'_>,
+    start: &str,
+    first_parent: &str,
+) -> Result<(bool, Option<f64>)> {
+    const MAX_DEPTH: usize = 100_000;
+    let mut seen: Vec<String> = vec![start.to_owned()];
+    let mut current = first_parent.to_owned();
+    let mut parent_created = None;
+    for depth in 0..MAX_DEPTH {
+        let found: Option<(Option<String>, f64)> = lookup
+            .query_row([&current], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((next, created)) = found else {
+            return Ok((false, parent_created));
+        };
+        if depth == 0 {
+            parent_created = Some(created);
+        }
+        if current == start {
+            return Ok((seen.iter().all(|s| start <= s.as_str()), parent_created));
+        }
+        if seen.contains(&current) {
+            return Ok((false, parent_created));
+        }
+        seen.push(std::mem::take(&mut current));
+        match next {
+            Some(n) => current = n,
+            None => return Ok((false, parent_created)),
+        }
+    }
+    Ok((false, parent_created))
+}
+
+/// Replays one task's events: the hash chain and the state machine.
+struct Chain {
+    hash: Hash,
+    broken: bool,
+    bad: bool,
+    count: usize,
+    status: TaskStatus,
+    last_running_at: Option<f64>,
+    terminal: Option<(f64, Option<String>)>,
+    park_code: Option<String>,
+    delivery: Option<(DeliveryStatus, f64, Option<String>)>,
+}
+
+impl Chain {
+    fn new() -> Chain {
+        Chain {
+            hash: events::GENESIS,
+            broken: false,
+            bad: false,
+            count: 0,
+            status: TaskStatus::Queued,
+            last_running_at: None,
+            terminal: None,
+            park_code: None,
+            delivery: None,
+        }
+    }
+
+    fn feed(&mut self, row: &EventRow) {
+        let e = &row.event;
+        let expected = events::chain_hash(&self.hash, e);
+        if row.stored_hash != Some(expected) {
+            self.broken = true;
+        }
+        self.hash = row.stored_hash.unwrap_or(expected);
+        let first = self.count == 0;
+        self.count += 1;
+        let ok = match (first, e.kind.as_str()) {
+            (true, events::CREATED) => {
+                e.from.is_none() && e.to == "queued" && e.code.as_deref() == Some("created")
+            }
+            (false, events::TASK_TRANSITION) => self.task_transition(e),
+            (false, events::DELIVERY_TRANSITION) => self.delivery_transition(e),
+            (false, events::BUDGET_GRANTED) => {
+                e.from.is_none()
+                    && e.to == self.status.as_str()
+                    && e.code.as_deref() == Some("budget_granted")
+                    && e.grant.is_some_and(|(c, t, m)| c >= 0 && t >= 0 && m >= 0)
+            }
+            _ => false,
+        };
+        self.bad |= !ok;
+    }
+
+    fn task_transition(&mut self, e: &Event) -> bool {
+        let (Some(from), Ok(to)) = (e.from.as_deref(), TaskStatus::from_stored(&e.to)) else {
+            return false;
+        };
+        let code_ok = match e.code.as_deref() {
+            Some(c) => fsm::stored_codes(to).contains(&c),
+            None => to.is_terminal(),
+        };
+        if from != self.status.as_str() || !fsm::can_transition(self.status, to) || !code_ok {
+            return false;
+        }
+        self.status = to;
+        match to {
+            TaskStatus::Running => self.last_running_at = Some(e.at),
+            TaskStatus::Blocked | TaskStatus::Escalated => self.park_code.clone_from(&e.code),
+            s if s.is_terminal() => self.terminal = Some((e.at, e.code.clone())),
+            _ => {}
+        }
+        true
+    }
+
+    fn delivery_transition(&mut self, e: &Event) -> bool {
+        let Ok(to) = DeliveryStatus::from_stored(&e.to) else {
+            return false;
+        };
+        let code_ok = e
+            .code
+            .as_deref()
+            .is_none_or(|c| fsm::delivery_codes(to).contains(&c));
+        let ok = self.status.is_terminal()
+            && self.delivery.is_none()
+            && e.from.as_deref() == Some("pending")
+            && to.is_terminal()
+            && code_ok;
+        self.delivery = Some((to, e.at, e.code.clone()));
+        ok
+    }
+
+    /// (chain broken, events inconsistent with the row).
+    fn finish(self, task: &TaskRow) -> (bool, bool) {
+        let broken = self.broken || self.hash != task.event_head;
+        let terminal_ok = !task.status.is_terminal()
+            || self.terminal.as_ref().is_some_and(|(at, code)| {
+                Some(*at) == task.ended_at && *code == task.terminal_code
+            });
+        let start_ok = task
+            .started_at
+            .is_none_or(|s| self.last_running_at == Some(s));
+        let park_ok = !task.status.is_parked() || self.park_code == task.park_code;
+        let delivery_ok = match &self.delivery {
+            None => !task.delivery_status.is_terminal(),
+            Some((to, at, code)) => {
+                *to == task.delivery_status
+                    && *at == task.delivery_updated_at
+                    && *code == task.delivery_code
+            }
+        };
+        let consistent = self.count > 0
+            && self.status == task.status
+            && terminal_ok
+            && start_ok
+            && park_ok
+            && delivery_ok;
+        (broken, self.bad || !consistent)
+    }
+}

@@ -1,0 +1,188 @@
+//! Retention for ledgers that run for years: deleting one fully closed
+//! task, purging whole fully closed task trees in short batches, and the
+//! counts that tell an operator what the file holds.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use rusqlite::{params, Transaction};
+
+use crate::errors::{Error, Result};
+use crate::fsm::{ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
+use crate::tasks;
+
+/// A task is fully closed when its status and its delivery are terminal.
+const FULLY_CLOSED: &str = "status IN ('succeeded','failed','timed_out','cancelled') \
+    AND delivery_status <> 'pending'";
+
+/// `delete_task`: one fully closed task without children, and its events.
+pub fn delete_task(tx: &Transaction<'_>, id: &str) -> Result<()> {
+    let task = tasks::get(tx, id)?;
+    if !task.status.is_terminal() || !task.delivery_status.is_terminal() {
+        return Err(Error::Conflict("only a fully closed task can be deleted"));
+    }
+    let children: i64 = tx.query_row(
+        "SELECT count(*) FROM tasks WHERE parent_id = ?1",
+        [id],
+        |r| r.get(0),
+    )?;
+    if children > 0 {
+        return Err(Error::Conflict("a task with children cannot be deleted"));
+    }
+    tx.execute("DELETE FROM task_events WHERE task_id = ?1", [id])?;
+    tx.execute("DELETE FROM tasks WHERE id = ?1", [id])?;
+    Ok(())
+}
+
+/// What a purge did (or, dry, would do). Counts only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    pub dry_run: bool,
+    pub trees_purged: i64,
+    pub tasks_purged: i64,
+    pub events_purged: i64,
+    pub batches: i64,
+    /// The longest single write transaction, in microseconds.
+    pub longest_batch_micros: i64,
+}
+
+/// Roots examined per write transaction: small enough that other writers
+/// wait milliseconds, not seconds.
+pub const PURGE_BATCH: i64 = 256;
+
+/// One batch of root ids after `after`, oldest id first, whose whole tree
+/// is fully closed and last changed at or before `cutoff`.
+fn next_roots(
+    tx: &Transaction<'_>,
+    after: &str,
+    cutoff: f64,
+    tenant: Option<&str>,
+) -> Result<Vec<(String, bool)>> {
+    let mut stmt = tx.prepare_cached(&format!(
+        "SELECT r.id, (
+             WITH RECURSIVE tree(id) AS (
+                 SELECT r.id UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)
+             SELECT count(*) = 0 FROM tasks x JOIN tree ON x.id = tree.id
+             WHERE NOT ({FULLY_CLOSED} AND max(x.updated_at, x.delivery_updated_at) <= ?2))
+         FROM tasks r
+         WHERE r.parent_id IS NULL AND r.id > ?1 AND (?3 IS NULL OR r.tenant = ?3)
+           AND r.status IN ('succeeded','failed','timed_out','cancelled')
+           AND r.delivery_status <> 'pending'
+           AND max(r.updated_at, r.delivery_updated_at) <= ?2
+         ORDER BY r.id LIMIT ?4"
+    ))?;
+    let rows = stmt.query_map(params![after, cutoff, tenant, PURGE_BATCH], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+const TREE: &str = "WITH RECURSIVE tree(id) AS (
+    SELECT ?1 UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)";
+
+/// Purges (or counts) one batch; returns the last root examined, if any.
+pub fn purge_batch(
+    tx: &Transaction<'_>,
+    after: &str,
+    cutoff: f64,
+    tenant: Option<&str>,
+    dry_run: bool,
+    report: &mut PurgeReport,
+) -> Result<Option<String>> {
+    let roots = next_roots(tx, after, cutoff, tenant)?;
+    let Some((last, _)) = roots.last().cloned() else {
+        return Ok(None);
+    };
+    for (root, whole_tree_closed) in roots {
+        if !whole_tree_closed {
+            continue;
+        }
+        let (tasks, events): (i64, i64) = tx.query_row(
+            &format!(
+                "{TREE} SELECT count(*), (SELECT count(*) FROM task_events
+                     WHERE task_id IN (SELECT id FROM tree)) FROM tree"
+            ),
+            [&root],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        if !dry_run {
+            tx.execute(
+                &format!("{TREE} DELETE FROM task_events WHERE task_id IN tree"),
+                [&root],
+            )?;
+            tx.execute(
+                &format!("{TREE} DELETE FROM tasks WHERE id IN tree"),
+                [&root],
+            )?;
+        }
+        report.trees_purged += 1;
+        report.tasks_purged += tasks;
+        report.events_purged += events;
+    }
+    Ok(Some(last))
+}
+
+/// Times one batch and keeps the longest.
+pub fn timed<T>(
+    report: &mut PurgeReport,
+    op: impl FnOnce(&mut PurgeReport) -> Result<T>,
+) -> Result<T> {
+    let start = Instant::now();
+    let out = op(report)?;
+    let micros = i64::try_from(start.elapsed().as_micros()).unwrap_or(i64::MAX);
+    report.longest_batch_micros = report.longest_batch_micros.max(micros);
+    report.batches += 1;
+    Ok(out)
+}
+
+/// `stats()`: counts by status, delivery and tenant. Counts only.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub task_count: i64,
+    pub by_status: BTreeMap<&'static str, i64>,
+    pub by_delivery: BTreeMap<&'static str, i64>,
+    pub by_tenant: BTreeMap<String, i64>,
+    pub event_count: i64,
+}
+
+/// Reads the counts in the caller's read transaction.
+pub fn stats(tx: &Transaction<'_>, tenant: Option<&str>) -> Result<Stats> {
+    let mut out = Stats {
+        by_status: ALL_TASK_STATUSES.iter().map(|s| (s.as_str(), 0)).collect(),
+        by_delivery: ALL_DELIVERY_STATUSES
+            .iter()
+            .map(|s| (s.as_str(), 0))
+            .collect(),
+        ..Stats::default()
+    };
+    let mut stmt = tx.prepare(
+        "SELECT status, delivery_status, coalesce(tenant, '(none)'), count(*) FROM tasks
+         WHERE (?1 IS NULL OR tenant = ?1) GROUP BY 1, 2, 3",
+    )?;
+    let mut rows = stmt.query([tenant])?;
+    while let Some(row) = rows.next()? {
+        let (status, delivery, who, n): (String, String, String, i64) =
+            (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+        out.task_count += n;
+        if let Some(slot) = ALL_TASK_STATUSES.iter().find(|s| s.as_str() == status) {
+            *out.by_status.entry(slot.as_str()).or_default() += n;
+        }
+        if let Some(slot) = ALL_DELIVERY_STATUSES
+            .iter()
+            .find(|s| s.as_str() == delivery)
+        {
+            *out.by_delivery.entry(slot.as_str()).or_default() += n;
+        }
+        *out.by_tenant.entry(who).or_default() += n;
+    }
+    out.event_count = if tenant.is_some() {
+        tx.query_row(
+            "SELECT count(*) FROM task_events e JOIN tasks t ON t.id = e.task_id WHERE t.tenant = ?1",
+            [tenant],
+            |r| r.get(0),
+        )?
+    } else {
+        tx.query_row("SELECT count(*) FROM task_events", [], |r| r.get(0))?
+    };
+    Ok(out)
+}
