@@ -1,0 +1,123 @@
+"""Claims and the budget guard: claim_next + close_task with 1 and 4
+processes, batched claims, charges, and the raw single-UPDATE transaction
+rate of Python's sqlite3 measured in the same run as the reference."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from taskwarden import Ledger
+
+from .conftest import scaled
+
+N_TASKS = scaled(4000)
+N_CHARGES = scaled(20000)
+
+
+def _fill(path: Path, n: int) -> None:
+    with Ledger(path) as ledger:
+        for _ in range(n):
+            ledger.create_task(llm_calls_budget=None)
+
+
+def _drain(path: str, worker: str, batch: int, go) -> int:
+    """Claim and close until the queue is empty; returns tasks done."""
+    done = 0
+    with Ledger(path, busy_timeout_ms=60_000) as ledger:
+        go.wait()
+        while claimed := ledger.claim_next(worker, limit=batch):
+            for task in claimed:
+                ledger.close_task(task.id, "succeeded", worker=worker)
+            done += len(claimed)
+    return done
+
+
+def _run_workers(path: Path, n_procs: int, batch: int) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Manager().Event()
+    with ctx.Pool(n_procs) as pool:
+        results = [
+            pool.apply_async(_drain, (str(path), f"w{i}", batch, go)) for i in range(n_procs)
+        ]
+        time.sleep(0.5)  # let every process open its ledger first
+        start = time.perf_counter()
+        go.set()
+        total = sum(r.get() for r in results)
+        elapsed = time.perf_counter() - start
+    assert total == N_TASKS
+    return elapsed
+
+
+@pytest.mark.parametrize("n_procs", [1, 4])
+@pytest.mark.benchmark(group="claim-close")
+def test_claim_next_close_processes(benchmark, private_dir: Path, n_procs: int) -> None:
+    counter = [0]
+
+    def setup():
+        counter[0] += 1
+        path = private_dir / f"claims-{n_procs}-{counter[0]}.db"
+        _fill(path, N_TASKS)
+        return (path,), {}
+
+    elapsed = benchmark.pedantic(lambda path: _run_workers(path, n_procs, 1), setup=setup, rounds=2)
+    benchmark.extra_info["tasks_per_second"] = round(N_TASKS / elapsed)
+
+
+@pytest.mark.benchmark(group="claim-close")
+def test_raw_single_update_transactions(benchmark, private_dir: Path) -> None:
+    path = private_dir / "raw.db"
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+        conn.execute("INSERT INTO t VALUES (1, 0)")
+
+        def loop() -> None:
+            for _ in range(N_TASKS):
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("UPDATE t SET v = v + 1 WHERE id = 1")
+                conn.execute("COMMIT")
+
+        benchmark.pedantic(loop, rounds=3)
+
+
+@pytest.mark.benchmark(group="claim-batch")
+def test_batched_claim_next(benchmark, private_dir: Path) -> None:
+    counter = [0]
+
+    def setup():
+        counter[0] += 1
+        path = private_dir / f"batch-{counter[0]}.db"
+        _fill(path, N_TASKS)
+        return (Ledger(path),), {}
+
+    def claim_all(ledger: Ledger) -> int:
+        claimed = 0
+        with ledger:
+            while batch := ledger.claim_next("w", limit=64):
+                claimed += len(batch)
+        return claimed
+
+    assert benchmark.pedantic(claim_all, setup=setup, rounds=3) == N_TASKS
+
+
+@pytest.mark.benchmark(group="charge")
+def test_charge_one_thread(benchmark, private_dir: Path) -> None:
+    with Ledger(private_dir / "charge.db") as ledger:
+        parent = ledger.create_task(llm_calls_budget=None)
+        task = ledger.create_task(parent_id=parent.id, llm_calls_budget=None)
+        ledger.claim(task.id, "w")
+
+        def charges() -> None:
+            for _ in range(N_CHARGES):
+                ledger.charge(task.id, tokens=100, cost_micros=7, worker="w")
+
+        benchmark.pedantic(charges, rounds=3)
+        used = ledger.budget(parent.id).calls_used
+        assert used > 0 and used % N_CHARGES == 0  # every charge rolled up to the parent

@@ -1,0 +1,71 @@
+"""doctor and purge at scale, side by side with task-state-guard 0.1.0 and
+a bare ``PRAGMA quick_check`` on the same file in the same run."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from taskwarden import Ledger
+
+from .conftest import scaled
+from .ledgers import NOW, copy_ledger, make_peer_ledger
+
+N_TASKS = scaled(100_000)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    pytest.importorskip("task_state_guard")
+    folder = tmp_path_factory.mktemp("doctor")
+    folder.chmod(0o700)
+    peer = folder / "peer.db"
+    make_peer_ledger(peer, N_TASKS)
+    ours = copy_ledger(peer, folder / "ours.db")
+    Ledger(ours).close()
+    return peer, ours
+
+
+@pytest.mark.benchmark(group="doctor-100k")
+def test_taskwarden_doctor(benchmark, files: tuple[Path, Path]) -> None:
+    with Ledger(files[1]) as ledger:
+        report = benchmark.pedantic(ledger.doctor, rounds=5, warmup_rounds=1)
+    assert report["healthy"] is True and report["task_count"] == N_TASKS
+
+
+@pytest.mark.benchmark(group="doctor-100k")
+def test_bare_quick_check(benchmark, files: tuple[Path, Path]) -> None:
+    with contextlib.closing(sqlite3.connect(f"file:{files[1]}?mode=ro", uri=True)) as conn:
+        rows = benchmark.pedantic(
+            lambda: conn.execute("PRAGMA quick_check").fetchall(), rounds=5, warmup_rounds=1
+        )
+    assert rows == [("ok",)]
+
+
+@pytest.mark.benchmark(group="doctor-100k")
+def test_peer_doctor(benchmark, files: tuple[Path, Path]) -> None:
+    import task_state_guard
+
+    ledger = task_state_guard.Ledger(files[0], read_only=True)
+    report = benchmark.pedantic(ledger.doctor, rounds=2)
+    assert report["healthy"] is True
+
+
+@pytest.mark.benchmark(group="purge-100k")
+def test_purge_closed_tasks(benchmark, files: tuple[Path, Path]) -> None:
+    counter = [0]
+
+    def setup():
+        counter[0] += 1
+        return (copy_ledger(files[1], files[1].with_name(f"purge-{counter[0]}.db")),), {}
+
+    def purge(path: Path) -> dict:
+        with Ledger(path, clock=lambda: NOW) as ledger:
+            return ledger.purge(older_than_seconds=3600)
+
+    report = benchmark.pedantic(purge, setup=setup, rounds=2)
+    benchmark.extra_info["longest_batch_ms"] = report["longest_batch_ms"]
+    assert report["tasks_purged"] == sum(1 for k in range(N_TASKS) if k % 10 == 9)
