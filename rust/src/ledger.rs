@@ -218,11 +218,7 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyList>> {
         let id = convert::task_id(task_id)?;
         let rows = self.run(py, |store, _| store.read(|tx| tasks::children(tx, &id)))?;
-        let items = rows
-            .iter()
-            .map(|r| convert::task_tuple(py, r))
-            .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, items)
+        task_list(py, &rows)
     }
 
     fn start_task<'py>(

@@ -112,7 +112,6 @@ CREATE INDEX tasks_pending_delivery_idx ON tasks(ended_at)
 CREATE INDEX tasks_queue_idx ON tasks(created_at, id) WHERE status = 'queued';
 CREATE INDEX tasks_tenant_queue_idx ON tasks(tenant, created_at, id)
     WHERE status = 'queued' AND tenant IS NOT NULL;
-CREATE INDEX tasks_running_owner_idx ON tasks(owner) WHERE status = 'running';
 CREATE INDEX task_events_task_idx ON task_events(task_id);
 ";
 
