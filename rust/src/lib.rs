@@ -5,6 +5,7 @@
 //! and `errors` are the only bridge.
 
 mod budget;
+mod busy;
 mod charge;
 mod claim;
 mod convert;

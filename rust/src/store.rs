@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, MAIN_DB};
 
+use crate::busy;
 use crate::doctor;
 use crate::errors::{Error, Result};
 use crate::events;
@@ -191,9 +192,7 @@ impl Store {
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
-        store
-            .conn
-            .busy_timeout(Duration::from_millis(u64::from(opts.busy_timeout_ms)))?;
+        busy::install(&mut store.conn, opts.busy_timeout_ms)?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
         store.prepare_read_only_schema()?;
         store.conn.pragma_update(None, "query_only", true)?;
@@ -236,8 +235,7 @@ impl Store {
     }
 
     fn configure(&mut self) -> Result<()> {
-        self.conn
-            .busy_timeout(Duration::from_millis(u64::from(self.busy_timeout_ms)))?;
+        busy::install(&mut self.conn, self.busy_timeout_ms)?;
         self.conn.pragma_update(None, "foreign_keys", true)?;
         let fk: bool = self
             .conn

@@ -588,7 +588,9 @@ pub fn move_to(
     // `requeue` is the operator's way back from a parked status; a running
     // task goes back to the queue only through its owner's `release`.
     if to == TaskStatus::Queued && !task.status.is_parked() {
-        return Err(Error::Conflict("only a blocked or escalated task can be requeued"));
+        return Err(Error::Conflict(
+            "only a blocked or escalated task can be requeued",
+        ));
     }
     compare_and_set(tx, id, task.status, to, code, fence, clock)
 }

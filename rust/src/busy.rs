@@ -1,0 +1,75 @@
+//! Waiting for the write lock.
+//!
+//! SQLite's own busy timeout sleeps in steps that grow to 100 ms, which is
+//! fine for one writer and ruinous for a fleet: with several processes
+//! claiming from one file, waiters sleep far longer than the ~0.2 ms the
+//! lock is held. This handler polls in short, growing pauses and gives up
+//! (SQLITE_BUSY, surfaced as `LedgerBusy`) once the timeout has passed.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+use crate::errors::Result;
+
+/// How long to pause before retry number `count` of one wait.
+fn pause(count: i32) -> Duration {
+    match count {
+        0..20 => Duration::from_micros(50),
+        20..200 => Duration::from_micros(250),
+        _ => Duration::from_millis(1),
+    }
+}
+
+/// Installs the handler on `conn`: retry until `timeout_ms` has passed.
+pub fn install(conn: &mut Connection, timeout_ms: u32) -> Result<()> {
+    let timeout = Duration::from_millis(u64::from(timeout_ms));
+    let mut started = Instant::now();
+    conn.busy_handler(Some(move |count: i32| {
+        if count == 0 {
+            started = Instant::now();
+        }
+        let waited = started.elapsed();
+        if waited >= timeout {
+            return false;
+        }
+        std::thread::sleep(pause(count).min(timeout - waited));
+        true
+    }))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_grow_and_stay_short() {
+        assert!(pause(0) < pause(50));
+        assert!(pause(50) < pause(500));
+        assert!(pause(i32::MAX) <= Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_held_lock_times_out_as_busy() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("tw-busy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(crate::errors::Error::from)?;
+        let path = dir.join("busy.db");
+        let holder = Connection::open(&path)?;
+        holder.execute_batch(
+            "PRAGMA journal_mode=WAL; CREATE TABLE IF NOT EXISTS t(x); BEGIN IMMEDIATE;",
+        )?;
+        let mut waiter = Connection::open(&path)?;
+        install(&mut waiter, 30)?;
+        let start = Instant::now();
+        let outcome = waiter.execute_batch("BEGIN IMMEDIATE; ROLLBACK;");
+        assert!(matches!(
+            crate::errors::Error::from(outcome.unwrap_err()),
+            crate::errors::Error::Busy
+        ));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        drop(holder);
+        std::fs::remove_dir_all(&dir).ok();
+        Ok(())
+    }
+}
