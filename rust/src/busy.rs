@@ -29,12 +29,13 @@ pub fn install(conn: &mut Connection, timeout_ms: u32) -> Result<()> {
         if count == 0 {
             started = Instant::now();
         }
-        let waited = started.elapsed();
-        if waited >= timeout {
-            return false;
+        match timeout.checked_sub(started.elapsed()) {
+            Some(left) if !left.is_zero() => {
+                std::thread::sleep(pause(count).min(left));
+                true
+            }
+            _ => false,
         }
-        std::thread::sleep(pause(count).min(timeout - waited));
-        true
     }))?;
     Ok(())
 }
