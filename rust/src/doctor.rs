@@ -194,7 +194,19 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
     while let Some(row) = task_rows.next()? {
         report.task_count += 1;
         let Ok(task) = TaskRow::from_row(row) else {
+            // An unreadable row is one state inconsistency; its events and
+            // children still belong to it, not to nobody.
             report.state_inconsistency_count += 1;
+            if let Ok(id) = row.get::<_, String>(0) {
+                while let Some(e) = next_event.as_ref().filter(|e| e.task_id <= id) {
+                    report.foreign_key_error_count += i64::from(e.task_id < id);
+                    next_event = advance_event(&mut event_rows, report)?;
+                }
+                while let Some(c) = next_child.as_ref().filter(|c| c.parent <= id) {
+                    report.orphan_count += i64::from(c.parent < id);
+                    next_child = advance_child(&mut child_rows)?;
+                }
+            }
             continue;
         };
         *report
@@ -245,7 +257,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
 
         let mut late_child = false;
         if let Some(parent) = &task.parent_id {
-            let (on_cycle, parent_created) = walk_parents(&mut parent_of, &task.id, parent)?;
+            let (on_cycle, parent_created) = walk_parents(&mut parent_of, &task.id, parent);
             report.parent_cycle_count += i64::from(on_cycle);
             late_child = parent_created.is_some_and(|p| task.created_at < p);
         }
@@ -297,34 +309,36 @@ fn walk_parents(
     lookup: &mut rusqlite::Statement<'_>,
     start: &str,
     first_parent: &str,
-) -> Result<(bool, Option<f64>)> {
+) -> (bool, Option<f64>) {
     const MAX_DEPTH: usize = 100_000;
     let mut seen: Vec<String> = vec![start.to_owned()];
     let mut current = first_parent.to_owned();
     let mut parent_created = None;
     for depth in 0..MAX_DEPTH {
-        let found: Option<(Option<String>, f64)> = lookup
-            .query_row([&current], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?;
-        let Some((next, created)) = found else {
-            return Ok((false, parent_created));
+        // Values of the wrong type are other checks' business: read what
+        // can be read and walk on.
+        let found: rusqlite::Result<Option<(Option<String>, Option<f64>)>> = lookup
+            .query_row([&current], |r| Ok((r.get(0).ok().flatten(), r.get(1).ok())))
+            .optional();
+        let Ok(Some((next, created))) = found else {
+            return (false, parent_created);
         };
         if depth == 0 {
-            parent_created = Some(created);
+            parent_created = created;
         }
         if current == start {
-            return Ok((seen.iter().all(|s| start <= s.as_str()), parent_created));
+            return (seen.iter().all(|s| start <= s.as_str()), parent_created);
         }
         if seen.contains(&current) {
-            return Ok((false, parent_created));
+            return (false, parent_created);
         }
         seen.push(std::mem::take(&mut current));
         match next {
             Some(n) => current = n,
-            None => return Ok((false, parent_created)),
+            None => return (false, parent_created),
         }
     }
-    Ok((false, parent_created))
+    (false, parent_created)
 }
 
 /// Replays one task's events: the hash chain and the state machine.

@@ -63,7 +63,8 @@ fn next_roots(
              WITH RECURSIVE tree(id) AS (
                  SELECT r.id UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)
              SELECT count(*) = 0 FROM tasks x JOIN tree ON x.id = tree.id
-             WHERE NOT ({FULLY_CLOSED} AND max(x.updated_at, x.delivery_updated_at) <= ?2))
+             WHERE NOT ({FULLY_CLOSED} AND max(x.updated_at, x.delivery_updated_at) <= ?2
+                        AND (?3 IS NULL OR x.tenant IS ?3)))
          FROM tasks r
          WHERE r.parent_id IS NULL AND r.id > ?1 AND (?3 IS NULL OR r.tenant = ?3)
            AND r.status IN ('succeeded','failed','timed_out','cancelled')

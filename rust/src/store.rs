@@ -379,23 +379,36 @@ impl Store {
     pub fn doctor(&mut self) -> Result<doctor::Report> {
         let Backing::File { path, .. } = &self.backing else {
             let quick = doctor::quick_check(&self.conn);
-            return Ok(self
-                .read(|tx| Ok(doctor::check(tx)))?
-                .with_quick_check(quick));
+            return Ok(self.check_snapshot()?.with_quick_check(quick));
         };
         let file = path.file.clone();
         let busy = Duration::from_millis(u64::from(self.busy_timeout_ms));
         std::thread::scope(|scope| {
             let quick = scope.spawn(move || {
-                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                // Read-write, though it only reads: SQLite skips CHECK
+                // constraints in quick_check on a read-only connection.
+                let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
                 Connection::open_with_flags(&file, flags)
                     .and_then(|c| c.busy_timeout(busy).map(|()| c))
                     .is_ok_and(|c| doctor::quick_check(&c))
             });
-            let report = self.read(|tx| Ok(doctor::check(tx)));
+            let report = self.check_snapshot();
             let quick = quick.join().unwrap_or(false);
             Ok(report?.with_quick_check(quick))
         })
+    }
+
+    /// Doctor's logical checks in one read transaction. The transaction is
+    /// only ever rolled back: on a damaged file even the end of a read can
+    /// fail, and the report must survive that.
+    fn check_snapshot(&mut self) -> Result<doctor::Report> {
+        self.verify()?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let report = doctor::check(&tx);
+        tx.rollback().ok();
+        Ok(report)
     }
 
     /// Bytes of the database file and of its WAL (files only).

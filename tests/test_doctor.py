@@ -1,0 +1,1074 @@
+"""doctor (SPEC §6): a catalogue of tampering, one edit per check.
+
+A realistic ledger is built once per module through the public API and
+proven healthy with exact counts. Every case then edits a fresh copy of that
+file with a short-lived ``sqlite3`` connection (while no ``Ledger`` is open
+on it), opens a ``Ledger`` and asks ``doctor()``: the report must say
+unhealthy and the named counter must be nonzero. Files that cannot be
+opened as a ledger at all are judged through the CLI (exit 2), never a crash
+and never healthy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import multiprocessing
+import os
+import queue
+import random
+import shutil
+import sqlite3
+import stat
+import struct
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import task_state_guard as tsg
+
+from taskwarden import Ledger
+from taskwarden.errors import LedgerError
+
+from .conftest import FrozenClock, run_cli
+
+SPAWN = multiprocessing.get_context("spawn")
+
+REPORT_KEYS = {
+    "healthy",
+    "quick_check",
+    "schema_version",
+    "schema_ok",
+    "task_count",
+    "event_count",
+    "task_status_counts",
+    "delivery_status_counts",
+    "orphan_count",
+    "parent_cycle_count",
+    "foreign_key_error_count",
+    "state_inconsistency_count",
+    "owner_inconsistency_count",
+    "budget_inconsistency_count",
+    "timestamp_inconsistency_count",
+    "event_inconsistency_count",
+    "event_chain_break_count",
+    "doctor_error_count",
+}
+PROBLEM_COUNTERS = sorted(
+    k for k in REPORT_KEYS if k.endswith("_count") and k not in ("task_count", "event_count")
+)
+
+NAMES = [
+    "queued",
+    "running",
+    "blocked",
+    "escalated",
+    "succeeded",
+    "failed",
+    "parent",
+    "child",
+    "child2",
+    "granted",
+    "cancelled",
+    "timed_out",
+]
+
+
+def tid(n: int) -> str:
+    """A canonical (lowercase) UUID with hex letters in it, sorting by ``n``."""
+    return f"{n:08x}-abcd-4ef0-8abc-{n:012x}"
+
+
+IDS = {name: tid(i + 1) for i, name in enumerate(NAMES)}
+MISSING_ID = tid(999)
+
+HEALTHY_STATUS = {
+    "queued": 2,
+    "running": 3,
+    "blocked": 1,
+    "escalated": 1,
+    "succeeded": 2,
+    "failed": 1,
+    "timed_out": 1,
+    "cancelled": 1,
+}
+HEALTHY_DELIVERY = {"pending": 9, "delivered": 1, "failed": 1, "not_applicable": 1}
+EVENTS_PER_TASK = {
+    "queued": 1,  # created
+    "running": 2,  # created, claimed (heartbeats write no event)
+    "blocked": 3,  # created, claimed, blocked
+    "escalated": 3,  # created, claimed, escalated by budget (charges write none)
+    "succeeded": 4,  # created, claimed, succeeded, delivered
+    "failed": 4,  # created, started, failed, delivery failed
+    "parent": 2,  # created, claimed
+    "child": 4,  # created, claimed, succeeded, not_applicable
+    "child2": 2,  # created, claimed
+    "granted": 5,  # created, claimed, escalated, budget_granted, requeued
+    "cancelled": 2,  # created, cancelled
+    "timed_out": 3,  # created, claimed, timed_out (worker_lost)
+}
+
+
+# --------------------------------------------------------------------------
+# building the healthy ledger
+
+
+def build_mix(path: Path, clock: FrozenClock) -> None:
+    """Every status, every delivery outcome, a budget tree and a grant."""
+    with Ledger(path, clock=clock) as lg:
+        lg.create_task(task_id=IDS["queued"], tenant="acme")
+        clock.advance(1.0)
+        lg.create_task(task_id=IDS["running"], timeout_seconds=300.0, tenant="acme")
+        assert lg.claim(IDS["running"], "w1") is not None
+        clock.advance(1.0)
+        lg.heartbeat(IDS["running"], worker="w1")
+
+        lg.create_task(task_id=IDS["blocked"])
+        lg.claim(IDS["blocked"], "w2")
+        lg.block(IDS["blocked"], worker="w2")
+        clock.advance(1.0)
+
+        lg.create_task(task_id=IDS["escalated"], llm_calls_budget=2)
+        lg.claim(IDS["escalated"], "w3")
+        answers = [lg.charge(IDS["escalated"], worker="w3") for _ in range(3)]
+        assert [a.allowed for a in answers] == [True, True, False]
+        assert answers[-1].escalated is True
+        clock.advance(1.0)
+
+        lg.create_task(task_id=IDS["succeeded"], payload_hash="a" * 64, timeout_seconds=60.0)
+        lg.claim(IDS["succeeded"], "w1")
+        assert lg.charge(IDS["succeeded"], calls=1, tokens=10, cost_micros=5).allowed
+        clock.advance(1.0)
+        lg.close_task(IDS["succeeded"], "succeeded", code="completed", worker="w1")
+        clock.advance(1.0)
+        lg.set_delivery(IDS["succeeded"], "delivered", code="transport_acknowledged")
+
+        lg.create_task(task_id=IDS["failed"])
+        lg.start_task(IDS["failed"])
+        clock.advance(1.0)
+        lg.close_task(IDS["failed"], "failed", code="worker_failed")
+        clock.advance(1.0)
+        lg.set_delivery(IDS["failed"], "failed", code="transport_failed")
+
+        lg.create_task(
+            task_id=IDS["parent"],
+            llm_calls_budget=10,
+            token_budget=1000,
+            cost_budget_micros=10_000,
+        )
+        lg.claim(IDS["parent"], "w4")
+        clock.advance(1.0)
+        lg.create_task(
+            task_id=IDS["child"], parent_id=IDS["parent"], delivery_required=False, token_budget=500
+        )
+        lg.claim(IDS["child"], "w5")
+        assert lg.charge(IDS["child"], calls=2, tokens=100, cost_micros=1000, worker="w5").allowed
+        clock.advance(1.0)
+        lg.close_task(IDS["child"], "succeeded", code="worker_completed", worker="w5")
+        clock.advance(1.0)
+        lg.set_delivery(IDS["child"], "not_applicable", code="internal_task")
+        lg.create_task(task_id=IDS["child2"], parent_id=IDS["parent"], tenant="acme")
+        lg.claim(IDS["child2"], "w6")
+        assert lg.charge(IDS["child2"], calls=1, tokens=7, worker="w6").allowed
+        assert lg.charge(IDS["parent"], calls=1, worker="w4").allowed
+
+        lg.create_task(task_id=IDS["granted"], llm_calls_budget=1)
+        lg.claim(IDS["granted"], "w7")
+        assert lg.charge(IDS["granted"], worker="w7").allowed
+        assert lg.charge(IDS["granted"], worker="w7").escalated
+        lg.grant(IDS["granted"], calls=5)
+        lg.requeue(IDS["granted"])
+        clock.advance(1.0)
+
+        lg.create_task(task_id=IDS["cancelled"])
+        lg.cancel(IDS["cancelled"])
+
+        lg.create_task(task_id=IDS["timed_out"])
+        lg.claim(IDS["timed_out"], "w8")
+        clock.advance(1.0)
+        report = lg.reconcile(
+            active_grace_seconds=600.0, delivery_grace_seconds=600.0, worker_lost="w8"
+        )
+        assert report["tasks_timed_out"] == 1
+
+        parent = lg.get_task(IDS["parent"])
+        assert (parent.llm_calls_used, parent.tokens_used, parent.cost_used_micros) == (
+            4,
+            107,
+            1000,
+        )
+
+
+@pytest.fixture(scope="module")
+def healthy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("healthy")
+    os.chmod(directory, 0o700)
+    path = directory / "ledger.db"
+    build_mix(path, FrozenClock())
+    assert sorted(os.listdir(directory)) == ["ledger.db"], "sidecars left after close"
+    return path
+
+
+@pytest.fixture
+def copy(healthy_file: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the healthy ledger, mode 0600 in a private directory."""
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "ledger.db"
+    shutil.copyfile(healthy_file, path)
+    os.chmod(path, 0o600)
+    return path
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def doctor_of(path: Path) -> dict[str, Any]:
+    with Ledger(path) as lg:
+        return lg.doctor()
+
+
+@contextlib.contextmanager
+def tampering(path: Path, *, ignore_checks: bool = False) -> Iterator[sqlite3.Connection]:
+    """A short-lived plain connection (no Ledger is open), committed on exit."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        if ignore_checks:
+            conn.execute("PRAGMA ignore_check_constraints=ON")
+        with conn:
+            yield conn
+
+
+def sequences(conn: sqlite3.Connection, task: str) -> list[int]:
+    rows = conn.execute(
+        "SELECT sequence FROM task_events WHERE task_id = ? ORDER BY sequence", (IDS[task],)
+    )
+    return [r[0] for r in rows]
+
+
+EVENT_COLS = (
+    "task_id, event_kind, from_value, to_value, occurred_at, code, worker, "
+    "grant_calls, grant_tokens, grant_cost_micros, event_hash"
+)
+
+
+def chain_hash(prev: bytes, row: tuple[Any, ...]) -> bytes:
+    """Recompute one event's chain hash the way a forger who read the source
+    would (task_id .. grant_cost_micros as in ``EVENT_COLS``)."""
+    task_id, kind, frm, to, at, code, worker, gc, gt, gm = row[:10]
+    grant = None if None in (gc, gt, gm) else f"{gc}/{gt}/{gm}"
+    bits = struct.unpack(">Q", struct.pack(">d", at))[0]
+    h = hashlib.sha256(b"taskwarden-event-v1")
+    h.update(prev)
+    for value in (task_id, kind, frm, to, f"{bits:016x}", code, worker, grant):
+        h.update(b"\x1f")
+        h.update(b"\x00" if value is None else value.encode())
+    return h.digest()
+
+
+def rechain(conn: sqlite3.Connection, task: str) -> None:
+    """Recompute every hash of one task's chain and its head, so only the
+    state-machine replay can notice what was done to the events."""
+    prev = bytes(32)
+    for seq in sequences(conn, task):
+        row = conn.execute(
+            f"SELECT {EVENT_COLS} FROM task_events WHERE sequence = ?", (seq,)
+        ).fetchone()
+        prev = chain_hash(prev, row)
+        conn.execute("UPDATE task_events SET event_hash = ? WHERE sequence = ?", (prev, seq))
+    conn.execute("UPDATE tasks SET event_head = ? WHERE id = ?", (prev, IDS[task]))
+
+
+def forger_reproduces_chain(path: Path) -> bool:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        heads: dict[str, bytes] = {}
+        for row in conn.execute(f"SELECT {EVENT_COLS} FROM task_events ORDER BY task_id, sequence"):
+            if chain_hash(heads.get(row[0], bytes(32)), row) != row[10]:
+                return False
+            heads[row[0]] = row[10]
+    return True
+
+
+def swap_events(conn: sqlite3.Connection, a: int, b: int) -> None:
+    """Exchange the whole contents (hash included) of events ``a`` and ``b``."""
+    row_a = conn.execute(
+        f"SELECT {EVENT_COLS} FROM task_events WHERE sequence = ?", (a,)
+    ).fetchone()
+    row_b = conn.execute(
+        f"SELECT {EVENT_COLS} FROM task_events WHERE sequence = ?", (b,)
+    ).fetchone()
+    assignments = ", ".join(f"{c.strip()} = ?" for c in EVENT_COLS.split(","))
+    conn.execute(f"UPDATE task_events SET {assignments} WHERE sequence = ?", (*row_b, a))
+    conn.execute(f"UPDATE task_events SET {assignments} WHERE sequence = ?", (*row_a, b))
+
+
+def file_state(path: Path) -> tuple[str, int, int, list[str]]:
+    st = path.stat()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digest, st.st_size, st.st_mtime_ns, sorted(os.listdir(path.parent))
+
+
+# --------------------------------------------------------------------------
+# the healthy baseline
+
+
+def test_healthy_ledger_has_exact_counts(copy: Path) -> None:
+    report = doctor_of(copy)
+    assert set(report) == REPORT_KEYS
+    assert report["healthy"] is True
+    assert report["quick_check"] == "ok"
+    assert report["schema_ok"] is True and report["schema_version"] == 3
+    assert report["task_count"] == len(NAMES)
+    assert report["event_count"] == sum(EVENTS_PER_TASK.values()) == 35
+    assert report["task_status_counts"] == HEALTHY_STATUS
+    assert report["delivery_status_counts"] == HEALTHY_DELIVERY
+    assert {k: report[k] for k in PROBLEM_COUNTERS} == dict.fromkeys(PROBLEM_COUNTERS, 0)
+    with contextlib.closing(sqlite3.connect(copy)) as conn:
+        per_task = dict(conn.execute("SELECT task_id, count(*) FROM task_events GROUP BY 1"))
+    assert per_task == {IDS[name]: n for name, n in EVENTS_PER_TASK.items()}
+
+
+def test_in_memory_ledger_is_healthy_and_counts() -> None:
+    clock = FrozenClock()
+    lg = Ledger.in_memory(clock=clock)
+    try:
+        empty = lg.doctor()
+        assert empty["healthy"] is True and empty["task_count"] == 0
+        assert empty["event_count"] == 0
+        t = lg.create_task()
+        lg.claim(t.id, "w1")
+        report = lg.doctor()
+        assert report["healthy"] is True
+        assert (report["task_count"], report["event_count"]) == (1, 2)
+        assert report["task_status_counts"]["running"] == 1
+        assert report["quick_check"] == "ok"
+    finally:
+        lg.close()
+
+
+# --------------------------------------------------------------------------
+# the tampering catalogue: one edit, one counter
+
+
+@dataclass(frozen=True)
+class Tamper:
+    name: str
+    counter: str
+    edit: Callable[[sqlite3.Connection], None]
+    ignore_checks: bool = False
+    exact: int | None = None
+
+
+def _sql(statement: str, *params: Any) -> Callable[[sqlite3.Connection], None]:
+    def edit(conn: sqlite3.Connection) -> None:
+        cursor = conn.execute(statement, params)
+        assert cursor.rowcount >= 1, "the tamper changed nothing"
+
+    return edit
+
+
+def _event_at(task: str, index: int, statement: str) -> Callable[[sqlite3.Connection], None]:
+    """Run ``statement`` with ``?`` bound to the sequence of ``task``'s ``index``-th event."""
+
+    def edit(conn: sqlite3.Connection) -> None:
+        seq = sequences(conn, task)[index]
+        assert conn.execute(statement, (seq,)).rowcount == 1
+
+    return edit
+
+
+def _swap(task: str, i: int, j: int) -> Callable[[sqlite3.Connection], None]:
+    def edit(conn: sqlite3.Connection) -> None:
+        seqs = sequences(conn, task)
+        swap_events(conn, seqs[i], seqs[j])
+
+    return edit
+
+
+def _insert_copy_of_last(task: str) -> Callable[[sqlite3.Connection], None]:
+    def edit(conn: sqlite3.Connection) -> None:
+        seq = sequences(conn, task)[-1]
+        conn.execute(
+            f"INSERT INTO task_events ({EVENT_COLS}) SELECT {EVENT_COLS} FROM task_events "
+            "WHERE sequence = ?",
+            (seq,),
+        )
+
+    return edit
+
+
+def _orphan_event(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        f"INSERT INTO task_events ({EVENT_COLS}) "
+        "VALUES (?, 'created', NULL, 'queued', 1800000000.0, 'created', NULL, NULL, NULL, NULL, ?)",
+        (MISSING_ID, hashlib.sha256(b"orphan").digest()),
+    )
+
+
+def _uppercase_id(conn: sqlite3.Connection) -> None:
+    conn.execute("UPDATE tasks SET id = upper(id) WHERE id = ?", (IDS["queued"],))
+    conn.execute(
+        "UPDATE task_events SET task_id = upper(task_id) WHERE task_id = ?", (IDS["queued"],)
+    )
+    assert IDS["queued"].upper() != IDS["queued"]
+
+
+def _parent_cycle(conn: sqlite3.Connection) -> None:
+    conn.execute("UPDATE tasks SET parent_id = ? WHERE id = ?", (IDS["cancelled"], IDS["queued"]))
+    conn.execute("UPDATE tasks SET parent_id = ? WHERE id = ?", (IDS["queued"], IDS["cancelled"]))
+
+
+TAMPERS = [
+    # statuses and codes
+    Tamper(
+        "status_edit_row_self_consistent",
+        "event_inconsistency_count",
+        _sql(
+            "UPDATE tasks SET status = 'succeeded', terminal_code = 'completed' WHERE id = ?",
+            IDS["failed"],
+        ),
+    ),
+    Tamper(
+        "status_running_to_blocked",
+        "event_inconsistency_count",
+        _sql("UPDATE tasks SET status = 'blocked' WHERE id = ?", IDS["running"]),
+    ),
+    Tamper(
+        "status_unknown_value",
+        "state_inconsistency_count",
+        _sql("UPDATE tasks SET status = 'paused' WHERE id = ?", IDS["queued"]),
+        ignore_checks=True,
+    ),
+    Tamper(
+        "terminal_code_other_registered_code_for_status",
+        "event_inconsistency_count",
+        _sql("UPDATE tasks SET terminal_code = 'worker_completed' WHERE id = ?", IDS["succeeded"]),
+    ),
+    Tamper(
+        "terminal_code_registered_but_wrong_status",
+        "state_inconsistency_count",
+        _sql("UPDATE tasks SET terminal_code = 'worker_failed' WHERE id = ?", IDS["succeeded"]),
+    ),
+    Tamper(
+        "delivery_code_other_allowed_code",
+        "event_inconsistency_count",
+        _sql(
+            "UPDATE tasks SET delivery_code = 'delivery_grace_expired' WHERE id = ?", IDS["failed"]
+        ),
+    ),
+    Tamper(
+        "delivery_code_wrong_for_delivery_status",
+        "state_inconsistency_count",
+        _sql("UPDATE tasks SET delivery_code = 'internal_task' WHERE id = ?", IDS["succeeded"]),
+    ),
+    Tamper(
+        "delivery_status_edit",
+        "event_inconsistency_count",
+        _sql(
+            "UPDATE tasks SET delivery_status = 'failed', delivery_code = 'transport_failed' "
+            "WHERE id = ?",
+            IDS["succeeded"],
+        ),
+    ),
+    # timestamps
+    Tamper(
+        "updated_at_before_created_at",
+        "timestamp_inconsistency_count",
+        _sql("UPDATE tasks SET updated_at = created_at - 1 WHERE id = ?", IDS["queued"]),
+    ),
+    Tamper(
+        "deadline_not_start_plus_timeout",
+        "timestamp_inconsistency_count",
+        _sql("UPDATE tasks SET deadline_at = deadline_at + 1 WHERE id = ?", IDS["running"]),
+    ),
+    Tamper(
+        "child_created_before_parent",
+        "timestamp_inconsistency_count",
+        _sql("UPDATE tasks SET parent_id = ? WHERE id = ?", IDS["cancelled"], IDS["queued"]),
+    ),
+    # the event chain
+    Tamper(
+        "event_code_edit",
+        "event_chain_break_count",
+        _event_at("running", 1, "UPDATE task_events SET code = 'started' WHERE sequence = ?"),
+    ),
+    Tamper(
+        "event_occurred_at_edit",
+        "event_chain_break_count",
+        _event_at(
+            "queued", 0, "UPDATE task_events SET occurred_at = occurred_at + 0.5 WHERE sequence = ?"
+        ),
+    ),
+    Tamper(
+        "event_hash_edit",
+        "event_chain_break_count",
+        _event_at(
+            "succeeded",
+            1,
+            "UPDATE task_events SET event_hash = zeroblob(32) WHERE sequence = ?",
+        ),
+    ),
+    Tamper(
+        "event_head_edit",
+        "event_chain_break_count",
+        _sql("UPDATE tasks SET event_head = zeroblob(32) WHERE id = ?", IDS["parent"]),
+    ),
+    Tamper(
+        "event_deleted_first",
+        "event_chain_break_count",
+        _event_at("succeeded", 0, "DELETE FROM task_events WHERE sequence = ?"),
+    ),
+    Tamper(
+        "event_deleted_middle",
+        "event_chain_break_count",
+        _event_at("succeeded", 1, "DELETE FROM task_events WHERE sequence = ?"),
+    ),
+    Tamper(
+        "event_deleted_last",
+        "event_chain_break_count",
+        _event_at("succeeded", -1, "DELETE FROM task_events WHERE sequence = ?"),
+    ),
+    Tamper("events_reordered", "event_chain_break_count", _swap("succeeded", 1, 2)),
+    Tamper("event_inserted", "event_chain_break_count", _insert_copy_of_last("running")),
+    # budgets, owners
+    Tamper(
+        "usage_above_limit",
+        "budget_inconsistency_count",
+        _sql(
+            "UPDATE tasks SET llm_calls_used = llm_calls_budget + 1 WHERE id = ?", IDS["escalated"]
+        ),
+    ),
+    Tamper(
+        "tokens_above_limit",
+        "budget_inconsistency_count",
+        _sql("UPDATE tasks SET tokens_used = token_budget + 1 WHERE id = ?", IDS["child"]),
+    ),
+    Tamper(
+        "parent_usage_below_children_sum",
+        "budget_inconsistency_count",
+        _sql("UPDATE tasks SET llm_calls_used = 2 WHERE id = ?", IDS["parent"]),
+    ),
+    Tamper(
+        "parent_cost_below_children_sum",
+        "budget_inconsistency_count",
+        _sql("UPDATE tasks SET cost_used_micros = 999 WHERE id = ?", IDS["parent"]),
+    ),
+    Tamper(
+        "owner_on_queued_task",
+        "owner_inconsistency_count",
+        _sql("UPDATE tasks SET owner = 'w9' WHERE id = ?", IDS["queued"]),
+    ),
+    Tamper(
+        "malformed_owner",
+        "owner_inconsistency_count",
+        _sql("UPDATE tasks SET owner = 'w 1' WHERE id = ?", IDS["running"]),
+    ),
+    # links and ids
+    Tamper(
+        "parent_link_to_missing_task",
+        "orphan_count",
+        _sql("UPDATE tasks SET parent_id = ? WHERE id = ?", MISSING_ID, IDS["queued"]),
+        exact=1,
+    ),
+    Tamper("parent_cycle", "parent_cycle_count", _parent_cycle, exact=1),
+    Tamper("orphan_event", "foreign_key_error_count", _orphan_event, exact=1),
+    Tamper("uppercase_id", "state_inconsistency_count", _uppercase_id),
+]
+
+
+@pytest.mark.parametrize("tamper", TAMPERS, ids=[t.name for t in TAMPERS])
+def test_tamper_is_detected(tamper: Tamper, copy: Path) -> None:
+    with tampering(copy, ignore_checks=tamper.ignore_checks) as conn:
+        tamper.edit(conn)
+
+    report = doctor_of(copy)
+    assert set(report) == REPORT_KEYS
+    assert report["healthy"] is False, report
+    assert report[tamper.counter] >= 1, (tamper.counter, report)
+    if tamper.exact is not None:
+        assert report[tamper.counter] == tamper.exact, report
+    # The schema and the pages are intact: only the logical check fires
+    # (a CHECK violation is quick_check's business too: see the test below).
+    assert report["schema_ok"] is True
+    if not tamper.ignore_checks:
+        assert report["quick_check"] == "ok"
+    assert report["doctor_error_count"] == 0
+    assert report["task_count"] == len(NAMES)
+
+    # The CLI says the same, exits 1 (never 3), and so does a read-only doctor.
+    code, out, _ = run_cli("--db", str(copy), "doctor")
+    assert (code, out) == (1, report)
+    code, out, _ = run_cli("--db", str(copy), "doctor", "--read-only")
+    assert code == 1
+    if tamper.ignore_checks:
+        out.pop("quick_check")
+        report.pop("quick_check")
+    assert out == report
+
+
+def _break_a_check_constraint(path: Path) -> None:
+    with tampering(path, ignore_checks=True) as conn:
+        conn.execute("UPDATE tasks SET status = 'paused' WHERE id = ?", (IDS["queued"],))
+    # Ground truth from SQLite itself, on a normal connection.
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchall() != [("ok",)]
+
+
+def test_quick_check_reports_a_check_constraint_violation(copy: Path) -> None:
+    """SQLite's ``quick_check`` verifies CHECK constraints on a normal
+    connection (the peer's doctor runs it there). The writable doctor and the
+    read-only doctor must both report it, and agree with each other."""
+    _break_a_check_constraint(copy)
+    code_ro, out_ro, _ = run_cli("--db", str(copy), "doctor", "--read-only")
+    report = doctor_of(copy)
+    assert report["healthy"] is False
+    assert out_ro["quick_check"] == "failed"
+    assert report["quick_check"] == "failed", "writable doctor's quick_check missed it"
+    code, out, _ = run_cli("--db", str(copy), "doctor")
+    assert (code, out) == (code_ro, out_ro) == (1, report)
+
+
+def test_unreadable_task_row_does_not_orphan_its_children_and_events(copy: Path) -> None:
+    """A task row with an unknown status is one state inconsistency. Its two
+    children still have their parent row and its events still have their
+    task: no orphan and no foreign-key error (``PRAGMA foreign_key_check``,
+    the peer's definition of that counter, finds none)."""
+    with tampering(copy, ignore_checks=True) as conn:
+        conn.execute("UPDATE tasks SET status = 'paused' WHERE id = ?", (IDS["parent"],))
+    with contextlib.closing(sqlite3.connect(copy)) as conn:
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    report = doctor_of(copy)
+    assert report["healthy"] is False
+    assert report["state_inconsistency_count"] == 1
+    assert report["orphan_count"] == 0, report
+    assert report["foreign_key_error_count"] == 0, report
+
+
+def test_malformed_value_in_one_row_does_not_stop_the_scan(copy: Path) -> None:
+    """A parent's created_at stored as text: unhealthy, and every task is
+    still counted (the scan does not stop at the first odd value)."""
+    with tampering(copy) as conn:
+        conn.execute("UPDATE tasks SET created_at = 'yesterday' WHERE id = ?", (IDS["parent"],))
+    report = doctor_of(copy)
+    assert report["healthy"] is False
+    assert report["state_inconsistency_count"] >= 1
+    assert report["task_count"] == len(NAMES), report
+    # The odd row itself may go uncounted by status; every other row is counted.
+    assert sum(report["task_status_counts"].values()) >= len(NAMES) - 1
+    assert report["event_count"] == 35
+
+
+def test_orphan_link_is_a_foreign_key_error_too(copy: Path) -> None:
+    with tampering(copy) as conn:
+        conn.execute("UPDATE tasks SET parent_id = ? WHERE id = ?", (MISSING_ID, IDS["queued"]))
+    report = doctor_of(copy)
+    assert report["orphan_count"] == 1
+    assert report["foreign_key_error_count"] >= 1
+    assert report["parent_cycle_count"] == 0
+
+
+@pytest.mark.parametrize("forgery", ["extra_delivery_event", "reordered_events"], ids=lambda s: s)
+def test_forged_chain_is_caught_by_the_replay(forgery: str, copy: Path) -> None:
+    """A forger who recomputes every hash keeps the chain intact; the replay of
+    the state machine must still see the events disagree."""
+    if not forger_reproduces_chain(copy):
+        pytest.skip("the event hash format is not the one this forger knows")
+    with tampering(copy) as conn:
+        seqs = sequences(conn, "succeeded")
+        if forgery == "extra_delivery_event":
+            # A second delivery outcome after the first one.
+            conn.execute(
+                f"INSERT INTO task_events ({EVENT_COLS}) SELECT {EVENT_COLS} FROM task_events "
+                "WHERE sequence = ?",
+                (seqs[-1],),
+            )
+        else:
+            # claimed and succeeded exchanged: succeeded straight from queued,
+            # then queued -> running after a terminal status.
+            swap_events(conn, seqs[1], seqs[2])
+        rechain(conn, "succeeded")
+    report = doctor_of(copy)
+    assert report["event_chain_break_count"] == 0, report
+    assert report["event_inconsistency_count"] == 1, report
+    assert report["healthy"] is False
+
+
+# --------------------------------------------------------------------------
+# files that are not (or no longer) a taskwarden ledger
+
+
+def _extra_index(path: Path) -> None:
+    with tampering(path) as conn:
+        conn.execute("CREATE INDEX tasks_tenant_extra_idx ON tasks(tenant)")
+
+
+def _extra_meta(path: Path) -> None:
+    with tampering(path) as conn:
+        conn.execute("INSERT INTO schema_meta(key, value) VALUES ('note', 'x')")
+
+
+def _version(value: str) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        with tampering(path) as conn:
+            conn.execute("UPDATE schema_meta SET value = ? WHERE key = 'schema_version'", (value,))
+
+    return edit
+
+
+def _truncate_half(path: Path) -> None:
+    size = path.stat().st_size
+    os.truncate(path, size // 2)
+
+
+def _garbage(path: Path) -> None:
+    size = path.stat().st_size
+    path.write_bytes(random.Random(1234).randbytes(size))
+
+
+FILE_DAMAGE: dict[str, Callable[[Path], None]] = {
+    "extra_schema_object": _extra_index,
+    "extra_schema_meta_key": _extra_meta,
+    "schema_version_4": _version("4"),
+    "schema_version_2": _version("2"),
+    "schema_version_not_a_number": _version("three"),
+    "truncated_to_half": _truncate_half,
+    "garbage_bytes": _garbage,
+}
+
+
+@pytest.mark.parametrize("damage", list(FILE_DAMAGE), ids=list(FILE_DAMAGE))
+def test_file_that_is_not_a_ledger_is_never_healthy(damage: str, copy: Path) -> None:
+    FILE_DAMAGE[damage](copy)
+    before = file_state(copy)
+    # A truncated file may still open (its first pages are intact); it must
+    # then be reported unhealthy. Every other damage here is refused outright.
+    may_open = damage == "truncated_to_half"
+
+    try:
+        opened = Ledger(copy)
+    except LedgerError:
+        refused = True
+    else:
+        refused = False
+        try:
+            assert may_open, "a file that is not a ledger opened as one"
+            assert opened.doctor()["healthy"] is False
+        finally:
+            opened.close()
+
+    code, out, raw = run_cli("--db", str(copy), "doctor")
+    if refused:
+        assert code == 2, raw
+        assert out == {"ok": False, "error": "StateConflict"}
+    else:
+        assert code in (1, 2), raw
+        assert out.get("healthy") is not True
+    code, out, raw = run_cli("--db", str(copy), "doctor", "--read-only")
+    assert code in (1, 2), raw
+    if code == 1:
+        assert out["healthy"] is False
+        if damage not in ("truncated_to_half", "garbage_bytes"):
+            assert out["schema_ok"] is False
+    if refused:
+        # A refused doctor repairs nothing.
+        assert file_state(copy)[:2] == before[:2]
+        assert sorted(os.listdir(copy.parent)) == before[3]
+
+
+def test_damaged_page_fails_quick_check(copy: Path) -> None:
+    """Overwrite the root page of the events table with random bytes. The
+    schema pages are intact, so the file still opens as a ledger; doctor's job
+    is then to *report* the damage (quick_check failed, exit 1), not to give
+    up with an error."""
+    with contextlib.closing(sqlite3.connect(copy)) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        root = conn.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'task_events'"
+        ).fetchone()[0]
+    assert pages > root
+    with open(copy, "r+b") as f:
+        f.seek((root - 1) * page_size)
+        f.write(random.Random(7).randbytes(page_size))
+
+    with Ledger(copy) as lg:  # the schema still reads: it opens
+        assert lg.stats()["task_count"] == len(NAMES)
+        report = lg.doctor()
+    assert report["healthy"] is False
+    assert report["quick_check"] == "failed"
+    code, out, raw = run_cli("--db", str(copy), "doctor")
+    assert (code, out) == (1, report), raw
+    code, out, raw = run_cli("--db", str(copy), "doctor", "--read-only")
+    assert code == 1, raw
+    assert out["healthy"] is False and out["quick_check"] == "failed"
+
+
+def test_empty_file_read_only_doctor_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "ledger.db"
+    path.touch(mode=0o600)
+    code, out, _ = run_cli("--db", str(path), "doctor", "--read-only")
+    assert code == 2 and out["ok"] is False
+    assert path.stat().st_size == 0
+    assert sorted(os.listdir(tmp_path)) == ["ledger.db"]
+
+
+def test_empty_file_writable_doctor_behaves_like_the_peer(tmp_path: Path) -> None:
+    """A 0-byte file is an empty SQLite database: the peer's doctor (a normal,
+    writable open) initialises it and reports a healthy empty ledger. Never a
+    crash, and the result is a complete, empty ledger."""
+    os.chmod(tmp_path, 0o700)
+    ours, theirs = tmp_path / "ours.db", tmp_path / "peer.db"
+    for path in (ours, theirs):
+        path.touch(mode=0o600)
+    # The peer opens a connection per call and has nothing to close.
+    peer_report = tsg.Ledger(theirs).doctor()
+    code, out, _ = run_cli("--db", str(ours), "doctor")
+    assert code == (0 if peer_report["healthy"] else 1)
+    assert out["healthy"] is peer_report["healthy"]
+    assert (out["task_count"], out["event_count"]) == (0, 0)
+    assert out["schema_version"] == 3 and out["schema_ok"] is True
+
+
+# --------------------------------------------------------------------------
+# the CLI around doctor
+
+
+def test_cli_exit_codes_and_no_ids_in_output(copy: Path) -> None:
+    db = str(copy)
+    code, out, raw = run_cli("--db", db, "doctor")
+    assert code == 0 and out["healthy"] is True
+    assert set(out) == REPORT_KEYS
+    assert raw.strip() == json.dumps(out, sort_keys=True, separators=(",", ":"))
+    code_text, _, text = run_cli("--db", db, "doctor", "--format", "text")
+    assert code_text == 0
+
+    # Unhealthy in several ways at once: still exit 1, still no id anywhere.
+    with tampering(copy) as conn:
+        _parent_cycle(conn)
+        _orphan_event(conn)
+        conn.execute("UPDATE tasks SET owner = 'w9' WHERE id = ?", (IDS["granted"],))
+    code_bad, out_bad, raw_bad = run_cli("--db", db, "doctor")
+    assert code_bad == 1 and out_bad["healthy"] is False
+    _, _, text_bad = run_cli("--db", db, "doctor", "--format", "text")
+    _, _, raw_ro = run_cli("--db", db, "doctor", "--read-only")
+
+    every_output = raw + text + raw_bad + text_bad + raw_ro
+    for task_id in [*IDS.values(), MISSING_ID]:
+        for form in (task_id, task_id.upper(), task_id.replace("-", "")):
+            assert form not in every_output
+    for worker in ("w1", "w9", "acme"):
+        assert worker not in every_output
+
+
+def test_two_runs_on_unchanged_data_give_identical_output(copy: Path) -> None:
+    db = str(copy)
+    for args in (["doctor"], ["doctor", "--read-only"], ["doctor", "--format", "text"]):
+        first = run_cli("--db", db, *args)
+        second = run_cli("--db", db, *args)
+        assert first == second
+    with tampering(copy) as conn:
+        conn.execute(
+            "UPDATE tasks SET deadline_at = deadline_at + 1 WHERE id = ?", (IDS["running"],)
+        )
+    first = run_cli("--db", db, "doctor")
+    assert first[0] == 1
+    assert run_cli("--db", db, "doctor") == first
+    assert run_cli("--db", db, "doctor", "--read-only") == first
+
+
+def test_text_format_names_the_problem(copy: Path) -> None:
+    code, _, text = run_cli("--db", str(copy), "doctor", "--format", "text")
+    assert code == 0
+    assert text.startswith("ledger: healthy")
+    assert "12 tasks" in text and "35 events" in text
+    assert "UNHEALTHY" not in text
+    assert not text.lstrip().startswith("{")
+
+    with tampering(copy) as conn:
+        _parent_cycle(conn)
+    code, _, text = run_cli("--db", str(copy), "doctor", "--format", "text")
+    assert code == 1
+    assert "UNHEALTHY" in text
+    assert "parent cycle: 1" in text
+    assert not text.lstrip().startswith("{")
+
+
+def test_text_format_names_a_chain_break(copy: Path) -> None:
+    with tampering(copy) as conn:
+        conn.execute("UPDATE task_events SET code = 'started' WHERE code = 'claimed'")
+    code, _, text = run_cli("--db", str(copy), "doctor", "--format", "text")
+    assert code == 1
+    assert "UNHEALTHY" in text and "event chain break" in text
+
+
+def test_read_only_doctor_never_creates_a_missing_file(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)
+    missing = tmp_path / "absent.db"
+    code, out, raw = run_cli("--db", str(missing), "doctor", "--read-only")
+    assert code == 2 and out["ok"] is False, raw
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(LedgerError):
+        Ledger(missing, read_only=True)
+    assert os.listdir(tmp_path) == []
+
+
+def test_read_only_doctor_never_touches_a_healthy_file(copy: Path) -> None:
+    before = file_state(copy)
+    mode = stat.S_IMODE(copy.stat().st_mode)
+    for _ in range(2):
+        code, out, _ = run_cli("--db", str(copy), "doctor", "--read-only")
+        assert code == 0 and out["healthy"] is True and out["task_count"] == len(NAMES)
+    assert file_state(copy) == before
+    assert stat.S_IMODE(copy.stat().st_mode) == mode
+
+
+def test_read_only_doctor_never_migrates_a_peer_v2_file(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "peer.db"
+    clock = FrozenClock()
+    peer = tsg.Ledger(path, clock=clock)  # a connection per call: nothing to close
+    queued = peer.create_task()
+    clock.advance(1.0)
+    done = peer.create_task(parent_id=queued.id)
+    peer.start_task(done.id)
+    clock.advance(1.0)
+    peer.close_task(done.id, "succeeded", code="worker_completed")
+    peer.set_delivery(done.id, "delivered", code="transport_acknowledged")
+    running = peer.create_task(timeout_seconds=30.0)
+    peer.start_task(running.id)
+    peer_report = peer.doctor()
+    del peer
+    assert peer_report["healthy"] is True and peer_report["schema_version"] == 2
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        version_before = dict(conn.execute("SELECT key, value FROM schema_meta"))
+    assert version_before["schema_version"] == "2"
+    before = file_state(path)
+
+    code, out, raw = run_cli("--db", str(path), "doctor", "--read-only")
+    assert code == 0, raw
+    assert out["healthy"] is True
+    assert out["task_count"] == 3
+    assert out["task_status_counts"]["running"] == 1
+    assert out["task_status_counts"]["succeeded"] == 1
+    assert out["delivery_status_counts"]["delivered"] == 1
+
+    assert file_state(path) == before
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        assert dict(conn.execute("SELECT key, value FROM schema_meta")) == version_before
+    # The peer can still open its own file.
+    assert tsg.Ledger(path, read_only=True).doctor()["healthy"] is True
+
+
+# --------------------------------------------------------------------------
+# a concurrent writer never makes a healthy ledger look unhealthy
+
+WRITERS = 3
+DOCTOR_RUNS = 50
+
+
+def _writer(index: int, path: str, ready: Any, stop: Any, results: Any) -> None:
+    """Lifecycles, claims, budget trees and charges until told to stop."""
+    try:
+        me = f"writer-{index}"
+        rounds = 0
+        with Ledger(path, busy_timeout_ms=30_000) as lg:
+            while True:
+                parent = lg.create_task(llm_calls_budget=6, tenant=f"t{index}")
+                lg.claim(parent.id, me)
+                kids = [
+                    lg.create_task(parent_id=parent.id, delivery_required=False, timeout_seconds=60)
+                    for _ in range(2)
+                ]
+                for kid in kids:
+                    lg.claim(kid.id, me)
+                    lg.charge(kid.id, calls=2, tokens=3, worker=me)
+                # The next charge overruns the parent: the child escalates.
+                lg.charge(kids[0].id, calls=5, worker=me)
+                lg.grant(kids[0].id, calls=1)
+                lg.requeue(kids[0].id)
+                lg.claim(kids[0].id, me)
+                lg.release(kids[0].id, me)
+                lg.cancel(kids[0].id)
+                lg.set_delivery(kids[0].id, "not_applicable", code="internal_task")
+                lg.close_task(kids[1].id, "succeeded", code="worker_completed", worker=me)
+                lg.set_delivery(kids[1].id, "not_applicable", code="internal_task")
+                lg.block(parent.id, worker=me)
+                lg.requeue(parent.id)
+                lg.claim(parent.id, me)
+                lg.charge(parent.id, worker=me)
+                lg.close_task(parent.id, "failed", code="worker_failed", worker=me)
+                lg.set_delivery(parent.id, "failed", code="transport_failed")
+                for _ in range(2):
+                    lg.create_task(tenant=f"q{index}", timeout_seconds=30)
+                for task in lg.claim_next(me, tenant=f"q{index}", limit=2):
+                    lg.close_task(task.id, "timed_out", code="worker_lost", worker=me)
+                rounds += 1
+                if rounds == 1:
+                    ready.put(index)
+                if stop.is_set():
+                    break
+        results.put(("ok", index, rounds))
+    except BaseException:
+        results.put(("error", index, traceback.format_exc()))
+
+
+def test_concurrent_writers_never_make_doctor_unhealthy(db_path: Path) -> None:
+    with Ledger(db_path) as lg:
+        lg.create_task()
+    ready, results = SPAWN.Queue(), SPAWN.Queue()
+    stop = SPAWN.Event()
+    procs = [
+        SPAWN.Process(target=_writer, args=(i, str(db_path), ready, stop, results))
+        for i in range(WRITERS)
+    ]
+    for proc in procs:
+        proc.start()
+    reports: list[dict[str, Any]] = []
+    outcomes: list[tuple[str, int, Any]] = []
+    try:
+        for _ in range(WRITERS):
+            try:
+                ready.get(timeout=60)
+            except queue.Empty:
+                while not results.empty():
+                    outcomes.append(results.get())
+                pytest.fail(f"writers did not start: {outcomes}")
+        with Ledger(db_path, busy_timeout_ms=30_000) as lg:
+            for _ in range(DOCTOR_RUNS):
+                reports.append(lg.doctor())
+        stop.set()
+        deadline = time.monotonic() + 60
+        while len(outcomes) < WRITERS and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                outcomes.append(results.get(timeout=1))
+        for proc in procs:
+            proc.join(30)
+    finally:
+        stop.set()
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10)
+        for q in (ready, results):
+            q.close()
+            q.join_thread()
+
+    errors = [o for o in outcomes if o[0] != "ok"]
+    assert not errors, errors
+    assert len(outcomes) == WRITERS
+    assert all(p.exitcode == 0 for p in procs)
+    unhealthy = [r for r in reports if r["healthy"] is not True]
+    assert not unhealthy, unhealthy[0]
+    assert len(reports) == DOCTOR_RUNS
+    # The writers really were writing while doctor ran.
+    counts = [r["task_count"] for r in reports]
+    assert counts == sorted(counts) and counts[-1] > counts[0]
+    with Ledger(db_path) as lg:
+        final = lg.doctor()
+    assert final["healthy"] is True
+    assert final["task_count"] >= counts[-1]
