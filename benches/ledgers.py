@@ -28,8 +28,9 @@ UUID_SQL = (
 )
 
 
-def make_peer_ledger(path: Path, n_tasks: int) -> None:
-    """A task-state-guard v2 file holding ``n_tasks`` tasks and their events."""
+def make_peer_ledger(path: Path, n_tasks: int, *, all_closed: bool = False) -> None:
+    """A task-state-guard v2 file holding ``n_tasks`` tasks and their events
+    (with ``all_closed``: every task succeeded and delivered two days ago)."""
     import task_state_guard
 
     task_state_guard.Ledger(path)  # the peer writes its own schema
@@ -39,7 +40,8 @@ def make_peer_ledger(path: Path, n_tasks: int) -> None:
         conn.execute(
             f"""
             WITH RECURSIVE seq(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM seq WHERE k + 1 < ?),
-            rows AS (SELECT k, k % 10 AS kind, hex(randomblob(16)) AS h FROM seq)
+            rows AS (SELECT k, CASE WHEN :closed THEN 9 ELSE k % 10 END AS kind,
+                            hex(randomblob(16)) AS h FROM seq)
             INSERT INTO tasks (id, parent_id, status, delivery_status, delivery_required,
                 payload_hash, timeout_seconds, created_at, started_at, updated_at, ended_at,
                 deadline_at, delivery_updated_at, terminal_code, delivery_code, version)
@@ -61,7 +63,8 @@ def make_peer_ledger(path: Path, n_tasks: int) -> None:
             FROM rows
             """.replace(":now", repr(NOW))
             .replace(":day", repr(DAY))
-            .replace(":hour", repr(HOUR)),
+            .replace(":hour", repr(HOUR))
+            .replace(":closed", "1" if all_closed else "0"),
             (n_tasks,),
         )
         conn.execute(

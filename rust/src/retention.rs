@@ -50,8 +50,9 @@ pub struct PurgeReport {
 /// wait milliseconds, not seconds.
 pub const PURGE_BATCH: i64 = 256;
 
-/// One batch of root ids after `after`, oldest id first, whose whole tree
-/// is fully closed and last changed at or before `cutoff`.
+/// One batch of root ids after `after`, in id order, that are fully
+/// closed and last changed at or before `cutoff`, each with whether it has
+/// children (most trees are a single task: those need no tree walk).
 fn next_roots(
     tx: &Transaction<'_>,
     after: &str,
@@ -59,17 +60,10 @@ fn next_roots(
     tenant: Option<&str>,
 ) -> Result<Vec<(String, bool)>> {
     let mut stmt = tx.prepare_cached(&format!(
-        "SELECT r.id, (
-             WITH RECURSIVE tree(id) AS (
-                 SELECT r.id UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)
-             SELECT count(*) = 0 FROM tasks x JOIN tree ON x.id = tree.id
-             WHERE NOT ({FULLY_CLOSED} AND max(x.updated_at, x.delivery_updated_at) <= ?2
-                        AND (?3 IS NULL OR x.tenant IS ?3)))
+        "SELECT r.id, EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = r.id)
          FROM tasks r
          WHERE r.parent_id IS NULL AND r.id > ?1 AND (?3 IS NULL OR r.tenant = ?3)
-           AND r.status IN ('succeeded','failed','timed_out','cancelled')
-           AND r.delivery_status <> 'pending'
-           AND max(r.updated_at, r.delivery_updated_at) <= ?2
+           AND {FULLY_CLOSED} AND max(r.updated_at, r.delivery_updated_at) <= ?2
          ORDER BY r.id LIMIT ?4"
     ))?;
     let rows = stmt.query_map(params![after, cutoff, tenant, PURGE_BATCH], |r| {
@@ -80,6 +74,30 @@ fn next_roots(
 
 const TREE: &str = "WITH RECURSIVE tree(id) AS (
     SELECT ?1 UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)";
+
+/// Every task of the tree under `root`, if every one of them is fully
+/// closed, old enough and (when scoped) of the tenant; otherwise `None`.
+fn closed_tree(
+    tx: &Transaction<'_>,
+    root: &str,
+    cutoff: f64,
+    tenant: Option<&str>,
+) -> Result<Option<Vec<String>>> {
+    let mut stmt = tx.prepare_cached(&format!(
+        "{TREE} SELECT x.id, ({FULLY_CLOSED} AND max(x.updated_at, x.delivery_updated_at) <= ?2
+                             AND (?3 IS NULL OR x.tenant IS ?3))
+         FROM tasks x JOIN tree ON x.id = tree.id"
+    ))?;
+    let mut ids = Vec::new();
+    let mut rows = stmt.query(params![root, cutoff, tenant])?;
+    while let Some(row) = rows.next()? {
+        if !row.get::<_, bool>(1)? {
+            return Ok(None);
+        }
+        ids.push(row.get(0)?);
+    }
+    Ok(Some(ids))
+}
 
 /// Purges (or counts) one batch; returns the last root examined, if any.
 pub fn purge_batch(
@@ -94,31 +112,30 @@ pub fn purge_batch(
     let Some((last, _)) = roots.last().cloned() else {
         return Ok(None);
     };
-    for (root, whole_tree_closed) in roots {
-        if !whole_tree_closed {
-            continue;
-        }
-        let (tasks, events): (i64, i64) = tx.query_row(
-            &format!(
-                "{TREE} SELECT count(*), (SELECT count(*) FROM task_events
-                     WHERE task_id IN (SELECT id FROM tree)) FROM tree"
-            ),
-            [&root],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        if !dry_run {
-            tx.execute(
-                &format!("{TREE} DELETE FROM task_events WHERE task_id IN tree"),
-                [&root],
-            )?;
-            tx.execute(
-                &format!("{TREE} DELETE FROM tasks WHERE id IN tree"),
-                [&root],
-            )?;
-        }
+    let mut count_events =
+        tx.prepare_cached("SELECT count(*) FROM task_events WHERE task_id = ?1")?;
+    let mut drop_events = tx.prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?;
+    let mut drop_task = tx.prepare_cached("DELETE FROM tasks WHERE id = ?1")?;
+    for (root, has_children) in roots {
+        let tree = if has_children {
+            match closed_tree(tx, &root, cutoff, tenant)? {
+                Some(ids) => ids,
+                None => continue,
+            }
+        } else {
+            vec![root]
+        };
         report.trees_purged += 1;
-        report.tasks_purged += tasks;
-        report.events_purged += events;
+        // Children before parents, so no moment sees a dangling parent link.
+        for id in tree.iter().rev() {
+            if dry_run {
+                report.events_purged += count_events.query_row([id], |r| r.get::<_, i64>(0))?;
+            } else {
+                report.events_purged += drop_events.execute([id])? as i64;
+                drop_task.execute([id])?;
+            }
+            report.tasks_purged += 1;
+        }
     }
     Ok(Some(last))
 }
