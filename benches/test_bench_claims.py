@@ -4,9 +4,7 @@ rate of Python's sqlite3 measured in the same run as the reference."""
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import sqlite3
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 from taskwarden import Ledger
 
-from .conftest import scaled
+from .conftest import raw_update_loop, scaled
 
 N_TASKS = scaled(4000)
 N_CHARGES = scaled(20000)
@@ -71,19 +69,7 @@ def test_claim_next_close_processes(benchmark, private_dir: Path, n_procs: int) 
 
 @pytest.mark.benchmark(group="claim-close")
 def test_raw_single_update_transactions(benchmark, private_dir: Path) -> None:
-    path = private_dir / "raw.db"
-    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
-        conn.execute("INSERT INTO t VALUES (1, 0)")
-
-        def loop() -> None:
-            for _ in range(N_TASKS):
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("UPDATE t SET v = v + 1 WHERE id = 1")
-                conn.execute("COMMIT")
-
+    with raw_update_loop(private_dir / "raw.db", N_TASKS) as loop:
         benchmark.pedantic(loop, rounds=3)
 
 

@@ -8,15 +8,13 @@ that matters is ops/s = 4 * N / round time, stored in ``extra_info``.
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from taskwarden import Ledger
 
-from .conftest import scaled
+from .conftest import raw_update_loop, scaled
 
 N_OURS = scaled(2000)
 N_PEER = scaled(150)
@@ -57,19 +55,7 @@ def test_peer_lifecycle(benchmark, private_dir: Path) -> None:
 @pytest.mark.benchmark(group="lifecycle")
 def test_raw_sqlite_update_loop(benchmark, private_dir: Path) -> None:
     """The physical reference: one UPDATE per transaction, nothing else."""
-    path = private_dir / "raw.db"
-    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
-        conn.execute("INSERT INTO t VALUES (1, 0)")
-
-        def loop() -> None:
-            for _ in range(N_RAW):
-                conn.execute("BEGIN IMMEDIATE")
-                conn.execute("UPDATE t SET v = v + 1 WHERE id = 1")
-                conn.execute("COMMIT")
-
+    with raw_update_loop(private_dir / "raw.db", N_RAW) as loop:
         benchmark.pedantic(loop, rounds=5, warmup_rounds=1)
     _record(benchmark, N_RAW)
 
