@@ -243,3 +243,18 @@ def test_in_memory_ledger_works_and_memory_path_is_refused(clock: FrozenClock) -
         assert mem.close_task(task.id, "cancelled").status is TaskStatus.CANCELLED
     with pytest.raises(InvalidInput):
         Ledger(":memory:")
+
+
+def test_reason_code_registry_is_exported() -> None:
+    from taskwarden import REASON_CODES
+
+    peer = {
+        "caller_cancelled", "completed", "created", "deadline_exceeded",
+        "delivery_grace_expired", "internal_task", "restart_stale", "started",
+        "transport_acknowledged", "transport_failed", "worker_completed", "worker_failed",
+    }  # fmt: skip
+    added = {
+        "claimed", "released", "requeued", "needs_input", "escalated_manually",
+        "budget_exhausted", "attempts_exhausted", "worker_lost", "budget_granted",
+    }  # fmt: skip
+    assert peer | added == REASON_CODES

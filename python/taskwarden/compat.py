@@ -8,7 +8,10 @@ from . import _core
 from .ledger import Ledger
 from .models import ReconcilePolicy, TaskStatus
 
-__all__ = ["TRANSITIONS", "can_transition", "reconcile_restart"]
+__all__ = ["REASON_CODES", "TRANSITIONS", "can_transition", "reconcile_restart"]
+
+#: The reason-code registry: the only codes the ledger stores.
+REASON_CODES: frozenset[str] = frozenset(_core.REASON_CODES)
 
 #: Every allowed edge of the task state machine: ``status -> allowed targets``.
 TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
