@@ -142,11 +142,28 @@ impl Store {
         };
         store.configure()?;
         store.conn.pragma_update(None, "page_size", PAGE_SIZE)?;
-        store.ensure_wal()?;
-        store.ensure_schema()?;
+        store.prepare_file_with_retries(opts.busy_timeout_ms)?;
         fsguard::verify_identity(&path, identity)?;
         fsguard::secure_sidecars(&path, true)?;
         Ok(store)
+    }
+
+    /// Switches to WAL and creates or checks the schema. When several
+    /// processes open a brand-new file at once, SQLite can answer busy
+    /// without consulting the busy handler (a journal-mode switch, a WAL
+    /// being initialised); so the whole step is retried until the busy
+    /// timeout has passed, and only then is `LedgerBusy` raised.
+    fn prepare_file_with_retries(&mut self, busy_timeout_ms: u32) -> Result<()> {
+        let deadline =
+            std::time::Instant::now() + Duration::from_millis(u64::from(busy_timeout_ms));
+        loop {
+            match self.ensure_wal().and_then(|()| self.ensure_schema()) {
+                Err(Error::Busy) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
     /// A private in-memory ledger for tests.

@@ -26,9 +26,12 @@ holds, parents hold the sum of their children, no limit is exceeded.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import queue
 import random
+import subprocess
+import sys
 import time
 import traceback
 from collections import Counter
@@ -352,3 +355,63 @@ def test_sixteen_processes_see_only_busy_or_legitimate_conflicts(
     assert sum(busy.values()) > 0
     assert sum(claims.values()) >= 50 and sum(charges.values()) >= 50
     assert conflicts["cancel"] + conflicts["close_task"] > 0
+
+
+FIRST_OPEN = Path(__file__).with_name("_first_open.py")
+FIRST_OPEN_BUSY_MS = 2000
+
+
+def _race_to_create(path: Path, racers: int) -> list[dict[str, Any]]:
+    """Fresh processes (cold, as a fleet starting up) open one new file at once."""
+    start = time.time() + 1.0  # after all the interpreters have started
+    argv = [str(FIRST_OPEN), str(FIRST_OPEN_BUSY_MS), "0"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *argv, str(k), str(path), repr(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for k in range(racers)
+    ]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * racers, outputs[0][1][-2000:]
+    return [json.loads(line) for out, _ in outputs for line in out.decode().splitlines()]
+
+
+def test_processes_creating_one_new_ledger_at_once_wait_instead_of_busy(
+    tmp_path: Path, long_campaign: bool, figures: Any
+) -> None:
+    """SPEC §2.3: any number of processes may open the same file; a writer
+    waits up to ``busy_timeout_ms`` before ``LedgerBusy``. Four freshly started
+    processes open (and so create) one new ledger file at the same moment,
+    again and again: every open must succeed, or fail with ``LedgerBusy`` only
+    after waiting (nearly) the full timeout. Each file ends healthy with
+    exactly one task per successful open."""
+    races = 120 if long_campaign else 16
+    racers = 4
+    directory = tmp_path / "fresh"
+    directory.mkdir(mode=0o700)
+    results: list[dict[str, Any]] = []
+    for i in range(races):
+        results += _race_to_create(directory / f"new-{i}.db", racers)
+    assert len(results) == races * racers
+    limit = FIRST_OPEN_BUSY_MS / 1000 * 0.9
+    early_busy = [r for r in results if r["outcome"] != "ok" and r["seconds"] < limit]
+    figures.record(
+        "contention",
+        first_open_races=races,
+        first_open_attempts=len(results),
+        first_open_failed_early=len(early_busy),
+    )
+    unexpected = {r["outcome"] for r in results} - {"ok", "taskwarden.errors.LedgerBusy"}
+    assert unexpected == set()
+    for i in range(races):
+        with Ledger(directory / f"new-{i}.db") as ledger:
+            assert ledger.doctor()["healthy"] is True
+            ok = sum(r["outcome"] == "ok" for r in results if r["path"].endswith(f"/new-{i}.db"))
+            assert ledger.stats()["task_count"] == ok
+    assert early_busy == [], (
+        f"{len(early_busy)} of {len(results)} opens of a new file failed after "
+        f"{max(r['seconds'] for r in early_busy) * 1000:.1f} ms or less with "
+        f"{early_busy[0]['outcome']} (busy_timeout_ms={FIRST_OPEN_BUSY_MS})"
+    )

@@ -207,9 +207,20 @@ def _wait_ready(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _round(
-    campaign: Campaign, tmp: Path, number: int, rng: random.Random, lost_names: list[str]
+    campaign: Campaign,
+    tmp: Path,
+    number: int,
+    rng: random.Random,
+    lost_names: list[str],
+    creation: bool = False,
 ) -> list[str]:
-    names = [f"w{number}-{k}" for k in range(WORKERS_PER_ROUND)]
+    """Start workers, SIGKILL each at a random moment, verify after each kill.
+
+    A ``creation`` round starts one worker on a file that does not exist yet
+    and kills it within 120 ms, while it creates the ledger. (Two processes
+    creating one new file at once is a separate test, in test_contention.py.)
+    """
+    names = [f"w{number}-{k}" for k in range(1 if creation else WORKERS_PER_ROUND)]
     procs = []
     for name in names:
         stderr = open(tmp / f"{name}.stderr", "wb")  # noqa: SIM115 - closed below
@@ -227,7 +238,8 @@ def _round(
         started = time.monotonic()
         # Most kills land in the middle of the work; some during open/recovery.
         delays = sorted(
-            rng.choice([0.0, 0.02]) if rng.random() < 0.1 else rng.uniform(0.05, 0.9) for _ in procs
+            rng.uniform(0.0, 0.12) if creation or rng.random() < 0.1 else rng.uniform(0.05, 0.9)
+            for _ in procs
         )
         for delay, (name, proc, _) in zip(delays, procs, strict=True):
             time.sleep(max(0.0, started + delay - time.monotonic()))
@@ -275,7 +287,8 @@ def test_sigkill_campaign_loses_no_returned_write(
             epochs.append(Campaign(db=tmp_path / f"ledger-{len(epochs)}.db"))
             lost_names: list[str] = []
         campaign = epochs[-1]
-        lost_names += _round(campaign, tmp_path, number, rng, lost_names)
+        creation = not campaign.db.exists()
+        lost_names += _round(campaign, tmp_path, number, rng, lost_names, creation)
         number += 1
         if campaign.violations or campaign.lost:
             break

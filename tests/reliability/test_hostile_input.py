@@ -28,6 +28,7 @@ import contextlib
 import io
 import json
 import math
+import shutil
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -553,7 +554,11 @@ def test_constructor_and_in_memory_refuse_hostile_options(
         all_problems.extend(problems)
         assert not problems, (problems, drawn)
         for p in [*private.glob("target.db*"), *workdir.iterdir()]:
-            p.unlink()
+            # A missing parent directory is created (e.g. "junk/x"): remove it too.
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
 
     try:
         run()
