@@ -62,7 +62,15 @@ impl From<rusqlite::Error> for Error {
             Some(ErrorCode::OutOfMemory) => Error::Storage("out of memory"),
             Some(ErrorCode::OperationInterrupted) => Error::Storage("operation interrupted"),
             Some(_) => Error::Storage("database operation failed"),
-            None => Error::Internal("internal storage error"),
+            // A stored value of the wrong type or invalid text is damage in
+            // the file, not a bug here: a clean conflict, never exit 3.
+            None => match err {
+                rusqlite::Error::FromSqlConversionFailure(..)
+                | rusqlite::Error::InvalidColumnType(..)
+                | rusqlite::Error::IntegralValueOutOfRange(..)
+                | rusqlite::Error::Utf8Error(..) => Error::Corrupt,
+                _ => Error::Internal("internal storage error"),
+            },
         }
     }
 }

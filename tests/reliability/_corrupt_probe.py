@@ -38,13 +38,14 @@ def system_view(db: Path) -> dict[str, Any]:
         uri = f"file:{db}?immutable=1"
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
             conn.text_factory = bytes  # a flipped byte may make text invalid UTF-8
-            view["quick_check"] = [r[0].decode() for r in conn.execute("PRAGMA quick_check")]
+            quick = conn.execute("PRAGMA quick_check")
+            view["quick_check"] = [r[0].decode(errors="replace") for r in quick]
             checked = conn.execute("PRAGMA integrity_check")
-            view["integrity_check"] = [r[0].decode() for r in checked]
+            view["integrity_check"] = [r[0].decode(errors="replace") for r in checked]
             for table in TABLES:
                 rows = sorted(repr(r) for r in conn.execute(f'SELECT * FROM "{table}"'))
                 view[table] = hashlib.sha256("\n".join(rows).encode()).hexdigest()
-    except sqlite3.Error as exc:
+    except Exception as exc:  # the system SQLite cannot read it: damaged
         view["error"] = type(exc).__name__
     return view
 

@@ -144,7 +144,8 @@ def _run_probe(batch: list[Path]) -> tuple[list[dict[str, Any]], str]:
             timeout=CASE_TIMEOUT * len(batch),
             check=False,
         )
-        stdout, code = done.stdout, f"exit code {done.returncode}"
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
+        stdout, code = done.stdout, f"exit code {done.returncode}: {last[:200]}"
     except subprocess.TimeoutExpired as exc:
         stdout, code = exc.stdout or b"", "timeout"
     answered = [json.loads(line) for line in stdout.decode().splitlines() if line[:1] == "{"]
@@ -285,6 +286,33 @@ def _dump(path: Path) -> dict[str, list[str]]:
     with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
         conn.text_factory = bytes
         return {t: sorted(repr(r) for r in conn.execute(f'SELECT * FROM "{t}"')) for t in TABLES}
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b"'failed'", b"'\xe3ailed'"),  # invalid UTF-8 inside a CHECK constraint
+        (b"'failed'", b"'gailed'"),  # valid text, different schema
+        (b"CREATE INDEX", b"CREATE INDE\xd8"),
+    ],
+)
+def test_damaged_schema_text_gives_a_clean_answer(tmp_path: Path, old: bytes, new: bytes) -> None:
+    """One byte of the stored schema SQL (``sqlite_schema``) changed on disk:
+    opening and doctor give a ``LedgerError`` or ``healthy: False``, never
+    another exception (seen: ``RuntimeError: internal storage error``)."""
+    source = tmp_path / "source"
+    source.mkdir(mode=0o700)
+    _build(source / "ledger.db", tasks=20)
+    data = (source / "ledger.db").read_bytes()
+    offset = data.find(old)
+    assert 0 <= offset < 2048 * 8, "the schema text is on the first pages"
+    assert len(old) == len(new)
+    case = tmp_path / "case"
+    _write_case(case, {"ledger.db": data[:offset] + new + data[offset + len(old) :]})
+    (result,) = _probe([case])
+    for answer in (result["read_only"], result["writable"]):
+        assert "bad" not in answer, answer
+        assert answer != {"healthy": True}
 
 
 @pytest.mark.parametrize(
