@@ -31,22 +31,37 @@ from taskwarden.errors import LedgerError
 TABLES = ("sqlite_master", "schema_meta", "tasks", "task_events")
 
 
+def _step(view: dict[str, Any], key: str, run: Any) -> None:
+    try:
+        view[key] = run()
+    except Exception as exc:  # the system SQLite could not do this step
+        view[key] = f"error: {type(exc).__name__}"
+
+
 def system_view(db: Path) -> dict[str, Any]:
-    """The damage as seen by the system SQLite, without touching the file."""
+    """The damage as seen by the system SQLite, without touching the file:
+    ``quick_check`` and ``integrity_check`` (a list of messages, or
+    ``"error: ..."`` when SQLite gave up), and each table's row digest (or
+    ``"error: ..."``); ``"open"`` is an error when the file cannot be opened."""
     view: dict[str, Any] = {}
     try:
         uri = f"file:{db}?immutable=1"
         with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
             conn.text_factory = bytes  # a flipped byte may make text invalid UTF-8
-            quick = conn.execute("PRAGMA quick_check")
-            view["quick_check"] = [r[0].decode(errors="replace") for r in quick]
-            checked = conn.execute("PRAGMA integrity_check")
-            view["integrity_check"] = [r[0].decode(errors="replace") for r in checked]
-            for table in TABLES:
+
+            def pragma(name: str) -> list[str]:
+                return [r[0].decode(errors="replace") for r in conn.execute(f"PRAGMA {name}")]
+
+            def digest(table: str) -> str:
                 rows = sorted(repr(r) for r in conn.execute(f'SELECT * FROM "{table}"'))
-                view[table] = hashlib.sha256("\n".join(rows).encode()).hexdigest()
-    except Exception as exc:  # the system SQLite cannot read it: damaged
-        view["error"] = type(exc).__name__
+                return hashlib.sha256("\n".join(rows).encode()).hexdigest()
+
+            _step(view, "quick_check", lambda: pragma("quick_check"))
+            _step(view, "integrity_check", lambda: pragma("integrity_check"))
+            for table in TABLES:
+                _step(view, table, lambda t=table: digest(t))
+    except Exception as exc:
+        view["open"] = f"error: {type(exc).__name__}"
     return view
 
 

@@ -192,19 +192,23 @@ def _judge(results: list[dict[str, Any]], cases: dict[str, dict[str, Any]], pris
         if view is None:  # WAL cases: the WAL checksum may legitimately drop frames
             counts["healthy_unproven"] += healthy
             continue
-        damaged = "error" in view or view["quick_check"] != ["ok"]
+        # Proven: SQLite cannot open it, quick_check fails (or gives up), a table
+        # cannot be read, or the rows doctor vouches for differ.
+        unreadable = "open" in view or any(str(view.get(t, "")).startswith("error") for t in TABLES)
+        damaged = unreadable or view.get("quick_check") != ["ok"]
         changed = [t for t in PROVEN_TABLES if view.get(t) != pristine[t]]
         if damaged or changed:
             counts["proven_live"] += 1
             if healthy:
                 index = "ok" if view.get("integrity_check") == ["ok"] else "fails"
-                why = f"quick_check={view.get('quick_check', view.get('error'))}"
+                why = f"quick_check={view.get('quick_check')} open={view.get('open', 'ok')}"
                 problems.append(
                     f"{label}: doctor says healthy (integrity_check {index}) although "
                     + (why if damaged else f"rows of {changed} changed")
                 )
         elif healthy:
             counts["healthy_unproven"] += 1
+            # Index-only damage (integrity_check reports it or gives up): counted.
             counts["index_only_damage_healthy"] += view["integrity_check"] != ["ok"]
             counts["task_rows_changed_healthy"] += view["tasks"] != pristine["tasks"]
     return problems, counts
@@ -219,7 +223,8 @@ def test_damaged_files_give_clean_answers_never_false_health(
     data = (source / "ledger.db").read_bytes()
     pages = _pages(source / "ledger.db")
     pristine = system_view(source / "ledger.db")
-    assert pristine["quick_check"] == ["ok"] and "error" not in pristine
+    assert pristine["quick_check"] == pristine["integrity_check"] == ["ok"]
+    assert "open" not in pristine and not any(str(v).startswith("error") for v in pristine.values())
     page_size = 2048
     assert len(data) % page_size == 0 and pages["tasks"] and pages["task_events"]
 
