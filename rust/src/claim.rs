@@ -42,19 +42,11 @@ pub fn claim_next(
     clock: Clock<'_>,
 ) -> Result<Vec<TaskRow>> {
     let queued = {
-        let sql = if tenant.is_some() {
-            format!(
-                "SELECT {COLUMNS} FROM tasks WHERE status = 'queued' AND tenant = ?1 \
-                 ORDER BY created_at, id LIMIT ?2"
-            )
-        } else {
-            format!(
-                "SELECT {COLUMNS} FROM tasks WHERE status = 'queued' AND ?1 IS NULL \
-                 ORDER BY created_at, id LIMIT ?2"
-            )
+        let mut stmt = tx.prepare_cached(&queue_sql(tenant.is_some()))?;
+        let mut rows = match tenant {
+            Some(tenant) => stmt.query(params![limit, tenant])?,
+            None => stmt.query(params![limit])?,
         };
-        let mut stmt = tx.prepare_cached(&sql)?;
-        let mut rows = stmt.query(params![tenant, limit])?;
         let mut out = Vec::new();
         while let Some(row) = rows.next()? {
             out.push(TaskRow::checked(row)?);
@@ -78,6 +70,16 @@ pub fn claim_next(
             )
         })
         .collect()
+}
+
+/// The oldest queued tasks (`?1` of them), of one tenant (`?2`) or of all:
+/// read in order from a partial queue index, never sorted.
+fn queue_sql(by_tenant: bool) -> String {
+    let tenant_filter = if by_tenant { "AND tenant = ?2" } else { "" };
+    format!(
+        "SELECT {COLUMNS} FROM tasks WHERE status = 'queued' {tenant_filter} \
+         ORDER BY created_at, id LIMIT ?1"
+    )
 }
 
 /// The owner gives a running task back: it is queued again, or escalated
@@ -109,5 +111,44 @@ pub fn release(tx: &Transaction<'_>, id: &str, worker: &str, clock: Clock<'_>) -
             Some(worker),
             now,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::config::DbConfig;
+    use rusqlite::types::Null;
+    use rusqlite::{params_from_iter, Connection};
+
+    use super::queue_sql;
+    use crate::schema;
+
+    /// The plan SQLite picks with the query planner stability guarantee on
+    /// (as every ledger connection has it).
+    fn plan(sql: &str) -> String {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+            .unwrap();
+        let tx = conn.transaction().unwrap();
+        schema::create(&tx).unwrap();
+        tx.commit().unwrap();
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let unbound = vec![Null; stmt.parameter_count()];
+        let details = stmt
+            .query_map(params_from_iter(unbound), |r| r.get::<_, String>(3))
+            .unwrap();
+        details.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+    }
+
+    #[test]
+    fn claims_read_the_queue_index_in_order() {
+        assert_eq!(
+            plan(&queue_sql(false)),
+            "SCAN tasks USING INDEX tasks_queue_idx"
+        );
+        assert_eq!(
+            plan(&queue_sql(true)),
+            "SEARCH tasks USING INDEX tasks_tenant_queue_idx (tenant=?)"
+        );
     }
 }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, MAIN_DB};
 
 use crate::busy;
@@ -213,6 +214,7 @@ impl Store {
         store.conn.pragma_update(None, "foreign_keys", true)?;
         store.prepare_read_only_schema()?;
         store.conn.pragma_update(None, "query_only", true)?;
+        pin_query_plans(&store.conn)?;
         Ok(store)
     }
 
@@ -253,6 +255,7 @@ impl Store {
 
     fn configure(&mut self) -> Result<()> {
         busy::install(&mut self.conn, self.busy_timeout_ms)?;
+        pin_query_plans(&self.conn)?;
         self.conn.pragma_update(None, "foreign_keys", true)?;
         let fk: bool = self
             .conn
@@ -338,7 +341,9 @@ impl Store {
     }
 
     /// Before every operation on a file: the name still points at the file
-    /// opened, and its directory is still private.
+    /// opened, and its directory is still private. The ancestors above it
+    /// were checked at open; walking them again on every call cost a stat
+    /// per path component for each operation (the peer's weak spot #2).
     fn verify(&self) -> Result<()> {
         if let Backing::File {
             path,
@@ -347,7 +352,7 @@ impl Store {
         } = &self.backing
         {
             fsguard::verify_identity(path, *identity)?;
-            fsguard::check_parent_security(path, *euid)?;
+            fsguard::check_direct_parent(path, *euid)?;
         }
         Ok(())
     }
@@ -478,6 +483,15 @@ impl Store {
             },
         })
     }
+}
+
+/// A statement's plan may not depend on the values bound to it. Without
+/// this, SQLite peeks at bound values (a `LIMIT ?`, a `status = ?` next to
+/// a partial index) and then re-prepares the statement after every bind:
+/// about a tenth of the cost of a claim.
+fn pin_query_plans(conn: &Connection) -> Result<()> {
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    Ok(())
 }
 
 fn uri_escape(path: &str) -> String {

@@ -17,7 +17,8 @@ restarting process would and checks, against all journals so far:
   is that claim's worker (unless the task went back to the queue);
 - no budget counter exceeds its limit.
 
-Short: ~30 kills. Long (``--run-slow`` / ``TASKWARDEN_LONG=1``): >= 500 kills.
+Short: ~30 kills. Long (``--run-slow`` / ``TASKWARDEN_LONG=1``): >= 500 kills
+and >= 1,000,000 returned operations (workers live longer between kills).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ WORKER = Path(__file__).with_name("_crash_worker.py")
 DURABLE, SCRATCH = "keep", "scratch"
 WORKERS_PER_ROUND = 2
 SHORT_KILLS, LONG_KILLS = 30, 520
+LONG_OPERATIONS = 1_000_000
+# Seconds a worker may live before its kill: short rounds give many kills, the
+# long campaign lets workers run longer so the operations add up too.
+SHORT_LIFE, LONG_LIFE = 0.9, 3.6
 EPOCH_KILLS = 40
 READY_TIMEOUT = 60.0
 TERMINAL = {"succeeded", "failed", "timed_out", "cancelled"}
@@ -213,6 +218,7 @@ def _round(
     rng: random.Random,
     lost_names: list[str],
     creation: bool = False,
+    life: float = SHORT_LIFE,
 ) -> list[str]:
     """Start workers, SIGKILL each at a random moment, verify after each kill.
 
@@ -238,7 +244,7 @@ def _round(
         started = time.monotonic()
         # Most kills land in the middle of the work; some during open/recovery.
         delays = sorted(
-            rng.uniform(0.0, 0.12) if creation or rng.random() < 0.1 else rng.uniform(0.05, 0.9)
+            rng.uniform(0.0, 0.12) if creation or rng.random() < 0.1 else rng.uniform(0.05, life)
             for _ in procs
         )
         for delay, (name, proc, _) in zip(delays, procs, strict=True):
@@ -272,6 +278,8 @@ def test_sigkill_campaign_loses_no_returned_write(
     tmp_path: Path, long_campaign: bool, figures: Any
 ) -> None:
     target = LONG_KILLS if long_campaign else SHORT_KILLS
+    operations = LONG_OPERATIONS if long_campaign else 0
+    life = LONG_LIFE if long_campaign else SHORT_LIFE
     rng = random.Random(20251130)
     epochs: list[Campaign] = []
     started = time.monotonic()
@@ -280,7 +288,10 @@ def test_sigkill_campaign_loses_no_returned_write(
     def kills() -> int:
         return sum(c.kills for c in epochs)
 
-    while kills() < target and number < target * 2:
+    def done() -> bool:
+        return kills() >= target and sum(c.operations for c in epochs) >= operations
+
+    while not done() and number < target * 2:
         # A fresh ledger every EPOCH_KILLS kills keeps each check of "every
         # returned write so far" affordable in the long campaign.
         if not epochs or epochs[-1].kills >= EPOCH_KILLS:
@@ -288,7 +299,7 @@ def test_sigkill_campaign_loses_no_returned_write(
             lost_names: list[str] = []
         campaign = epochs[-1]
         creation = not campaign.db.exists()
-        lost_names += _round(campaign, tmp_path, number, rng, lost_names, creation)
+        lost_names += _round(campaign, tmp_path, number, rng, lost_names, creation, life)
         number += 1
         if campaign.violations or campaign.lost:
             break
@@ -313,7 +324,7 @@ def test_sigkill_campaign_loses_no_returned_write(
     assert violations == [], violations[:10]
     assert kills() >= target
     # The campaign did real work: creates, claims, charges and closes were journalled.
-    assert sum(c.operations for c in epochs) >= 10 * target
+    assert sum(c.operations for c in epochs) >= max(10 * target, operations)
     assert any(e.claims for e in expected)
     assert any(e.status in TERMINAL for e in expected)
     assert any(e.min_calls for e in expected)
