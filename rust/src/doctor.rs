@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::{OptionalExtension, Row, Transaction};
 
+use crate::checks::{self, Table};
 use crate::errors::Result;
 use crate::events::{self, Event, Hash};
 use crate::fsm::{self, DeliveryStatus, TaskStatus, ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
@@ -40,6 +41,11 @@ pub struct Report {
     pub doctor_error_count: i64,
     /// Sum of the events' digests as read through the task index.
     stream_event_digest: u64,
+    /// Rows that break a CHECK constraint of the schema (see `checks`).
+    check_violation_count: i64,
+    /// Rows that did not decode with the expected types: SQLite judges
+    /// their CHECK constraints after the scan.
+    check_suspects: Vec<(Table, i64)>,
 }
 
 impl Report {
@@ -54,10 +60,12 @@ impl Report {
         }
     }
 
-    /// The report with SQLite's own page-level verdict folded in.
+    /// The report with SQLite's own page-level verdict folded in; like
+    /// SQLite's `quick_check` on a writable connection, it fails when a row
+    /// breaks a CHECK constraint.
     #[must_use]
     pub fn with_quick_check(mut self, ok: bool) -> Report {
-        self.quick_check_ok = ok;
+        self.quick_check_ok = ok && self.check_violation_count == 0;
         self.settle();
         self
     }
@@ -82,13 +90,21 @@ impl Report {
     }
 }
 
-/// Runs `PRAGMA quick_check` on `conn`: true only for a single `ok`.
+/// Runs `PRAGMA quick_check` on `conn` without its CHECK constraints (the
+/// scan judges those, see `checks`): true only for a single `ok`.
 #[must_use]
 pub fn quick_check(conn: &rusqlite::Connection) -> bool {
+    if conn
+        .pragma_update(None, "ignore_check_constraints", true)
+        .is_err()
+    {
+        return false;
+    }
     let rows: rusqlite::Result<Vec<String>> = conn
         .prepare("PRAGMA quick_check")
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect());
-    matches!(rows.as_deref(), Ok([ok]) if ok == "ok")
+    let restored = conn.pragma_update(None, "ignore_check_constraints", false);
+    restored.is_ok() && matches!(rows.as_deref(), Ok([ok]) if ok == "ok")
 }
 
 /// The logical checks, in the caller's read transaction. The caller adds
@@ -140,6 +156,7 @@ struct EventRow {
     stored_hash: Option<Hash>,
     /// Digest of (sequence, task id, hash) as this stream read them.
     digest: u64,
+    sequence: i64,
 }
 
 /// An order-independent fingerprint of one row: the index-ordered streams
@@ -203,6 +220,7 @@ fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
                 .unwrap_or(&[]),
         ),
         task_id,
+        sequence: row.get(11).unwrap_or(-1),
         stored_hash: row
             .get::<_, Vec<u8>>(10)
             .ok()
@@ -261,6 +279,9 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             // An unreadable row is one state inconsistency; its events and
             // children still belong to it, not to nobody.
             report.state_inconsistency_count += 1;
+            report
+                .check_suspects
+                .push((Table::Tasks, row.get(28).unwrap_or(-1)));
             if let Ok(id) = row.get::<_, String>(0) {
                 while let Some(e) = next_event.as_ref().filter(|e| e.task_id <= id) {
                     report.foreign_key_error_count += i64::from(e.task_id < id);
@@ -282,6 +303,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             .entry(task.delivery_status.as_str())
             .or_default() += 1;
         report.state_inconsistency_count += i64::from(task.state_problem());
+        report.check_violation_count += i64::from(!checks::task_passes(&task));
         report.owner_inconsistency_count += i64::from(task.owner_problem());
 
         // Events of tasks that sort before this one belong to no task.
@@ -337,6 +359,11 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
     }
     report.foreign_key_error_count += report.orphan_count;
     cross_check_indexes(tx, report, task_digest)?;
+    for (table, rowid) in std::mem::take(&mut report.check_suspects) {
+        // A row SQLite cannot even judge fails, as it would in quick_check.
+        report.check_violation_count +=
+            i64::from(checks::row_violates(tx, table, rowid).unwrap_or(true));
+    }
     Ok(())
 }
 
@@ -365,14 +392,20 @@ fn advance_event(rows: &mut rusqlite::Rows<'_>, report: &mut Report) -> Result<O
             return Ok(None);
         };
         report.event_count += 1;
-        match event_row(row) {
-            Ok(e) => {
-                report.stream_event_digest = report.stream_event_digest.wrapping_add(e.digest);
-                return Ok(Some(e));
-            }
+        let Ok(e) = event_row(row) else {
             // A row of the wrong shape is an inconsistency, never a crash.
-            Err(_) => report.event_inconsistency_count += 1,
+            report.event_inconsistency_count += 1;
+            let sequence = row.get(11).unwrap_or(-1);
+            report.check_suspects.push((Table::Events, sequence));
+            continue;
+        };
+        report.stream_event_digest = report.stream_event_digest.wrapping_add(e.digest);
+        if e.stored_hash.is_none() {
+            report.check_suspects.push((Table::Events, e.sequence));
+        } else {
+            report.check_violation_count += i64::from(!checks::event_passes(&e.event.kind));
         }
+        return Ok(Some(e));
     }
 }
 

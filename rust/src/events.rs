@@ -23,6 +23,13 @@ pub const TASK_TRANSITION: &str = "task_transition";
 pub const DELIVERY_TRANSITION: &str = "delivery_transition";
 /// An operator raised a task's limits.
 pub const BUDGET_GRANTED: &str = "budget_granted";
+/// Every event kind the schema allows.
+pub const KINDS: [&str; 4] = [
+    CREATED,
+    TASK_TRANSITION,
+    DELIVERY_TRANSITION,
+    BUDGET_GRANTED,
+];
 
 /// One event, as stored (no free text: statuses, codes, ids and numbers).
 #[derive(Clone, Debug, PartialEq)]

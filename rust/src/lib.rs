@@ -7,6 +7,7 @@
 mod budget;
 mod busy;
 mod charge;
+mod checks;
 mod claim;
 mod convert;
 mod doctor;
