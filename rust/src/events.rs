@@ -64,12 +64,22 @@ pub fn chain_hash(prev: &Hash, event: &Event) -> Hash {
     field(&mut h, Some(&event.kind));
     field(&mut h, event.from.as_deref());
     field(&mut h, Some(&event.to));
-    field(&mut h, Some(&format!("{:016x}", event.at.to_bits())));
+    field(&mut h, std::str::from_utf8(&hex16(event.at.to_bits())).ok());
     field(&mut h, event.code.as_deref());
     field(&mut h, event.worker.as_deref());
     let grant = event.grant.map(|(c, t, m)| format!("{c}/{t}/{m}"));
     field(&mut h, grant.as_deref());
     h.finalize().into()
+}
+
+/// `bits` as 16 lowercase hex digits (what `{:016x}` writes, without an
+/// allocation: this runs for every event doctor replays).
+fn hex16(bits: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = b"0123456789abcdef"[((bits >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
 }
 
 /// Appends `event` after `prev` and returns the new chain head, which the
@@ -131,6 +141,13 @@ pub fn register_sql_functions(conn: &rusqlite::Connection) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex16_matches_format() {
+        for bits in [0, 1, 0xdead_beef, u64::MAX, 1.5f64.to_bits()] {
+            assert_eq!(hex16(bits), format!("{bits:016x}").as_bytes());
+        }
+    }
 
     fn sample() -> Event {
         Event {
