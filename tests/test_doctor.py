@@ -807,6 +807,51 @@ def test_damaged_page_fails_quick_check(copy: Path) -> None:
     assert out["healthy"] is False and out["quick_check"] == "failed"
 
 
+def _system_checks(path: Path) -> tuple[list[Any], list[Any]]:
+    """``quick_check`` and ``integrity_check`` of the system SQLite."""
+    uri = f"file:{path}?immutable=1"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+        return (
+            conn.execute("PRAGMA quick_check").fetchall(),
+            conn.execute("PRAGMA integrity_check").fetchall(),
+        )
+
+
+@pytest.mark.parametrize("index", ["tasks_queue_idx", "tasks_tenant_queue_idx"])
+def test_an_index_entry_that_disagrees_with_its_row_is_unhealthy(copy: Path, index: str) -> None:
+    """One byte of one key inside a partial index changes (the id that breaks
+    ties between equal creation times, so the index stays in order). SQLite's
+    ``quick_check`` cannot see it; a lying queue index can hide a queued task
+    from ``claim_next``, so doctor must."""
+    with contextlib.closing(sqlite3.connect(copy)) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        root = conn.execute(
+            "SELECT rootpage FROM sqlite_master WHERE name = ?", (index,)
+        ).fetchone()[0]
+        (queued,) = conn.execute(
+            f"SELECT id FROM tasks INDEXED BY {index} WHERE status = 'queued' "
+            "AND tenant IS NOT NULL ORDER BY created_at DESC, id DESC LIMIT 1"
+        ).fetchone()
+    key = queued.encode()
+    raw = bytearray(copy.read_bytes())
+    page = slice((root - 1) * page_size, root * page_size)
+    assert raw[page].count(key) == 1, "the key is stored once, in the index's root page"
+    at = page.start + raw[page].index(key) + len(key) - 1
+    raw[at] = ord("f") if raw[at] != ord("f") else ord("e")
+    copy.write_bytes(bytes(raw))
+    quick, integrity = _system_checks(copy)
+    assert quick == [("ok",)] and integrity != [("ok",)], (
+        "ground truth: only integrity_check sees it"
+    )
+
+    report = doctor_of(copy)
+    assert report["healthy"] is False
+    assert report["quick_check"] == "ok"
+    assert report["state_inconsistency_count"] == 1
+    code, out, _ = run_cli("--db", str(copy), "doctor", "--read-only")
+    assert (code, out) == (1, report)
+
+
 def test_empty_file_read_only_doctor_refuses_and_writes_nothing(tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o700)
     path = tmp_path / "ledger.db"

@@ -116,29 +116,8 @@ pub fn release(tx: &Transaction<'_>, id: &str, worker: &str, clock: Clock<'_>) -
 
 #[cfg(test)]
 mod tests {
-    use rusqlite::config::DbConfig;
-    use rusqlite::types::Null;
-    use rusqlite::{params_from_iter, Connection};
-
     use super::queue_sql;
-    use crate::schema;
-
-    /// The plan SQLite picks with the query planner stability guarantee on
-    /// (as every ledger connection has it).
-    fn plan(sql: &str) -> String {
-        let mut conn = Connection::open_in_memory().unwrap();
-        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
-            .unwrap();
-        let tx = conn.transaction().unwrap();
-        schema::create(&tx).unwrap();
-        tx.commit().unwrap();
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let unbound = vec![Null; stmt.parameter_count()];
-        let details = stmt
-            .query_map(params_from_iter(unbound), |r| r.get::<_, String>(3))
-            .unwrap();
-        details.map(Result::unwrap).collect::<Vec<_>>().join("; ")
-    }
+    use crate::schema::test_support::plan;
 
     #[test]
     fn claims_read_the_queue_index_in_order() {

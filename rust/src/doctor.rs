@@ -15,6 +15,7 @@ use crate::checks::{self, Table};
 use crate::errors::Result;
 use crate::events::{self, Event, Hash};
 use crate::fsm::{self, DeliveryStatus, TaskStatus, ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
+use crate::index_audit::{self, Digest, Tally};
 use crate::schema::{self, Found};
 use crate::task::{TaskRow, COLUMNS};
 
@@ -39,8 +40,8 @@ pub struct Report {
     pub event_inconsistency_count: i64,
     pub event_chain_break_count: i64,
     pub doctor_error_count: i64,
-    /// Sum of the events' digests as read through the task index.
-    stream_event_digest: u64,
+    /// The events' keys as read through the task index.
+    stream_events: Tally,
     /// Rows that break a CHECK constraint of the schema (see `checks`).
     check_violation_count: i64,
     /// Rows that did not decode with the expected types: SQLite judges
@@ -153,8 +154,6 @@ fn stored_version(tx: &Transaction<'_>) -> Option<i64> {
 struct EventRow {
     event: Event,
     stored_hash: Option<Hash>,
-    /// Digest of (sequence, task id, hash) as this stream read them.
-    digest: u64,
     sequence: i64,
 }
 
@@ -164,59 +163,10 @@ impl EventRow {
     }
 }
 
-/// An order-independent fingerprint of one row: the index-ordered streams
-/// read keys from the index, the table scans from the table, and the sums
-/// of these must agree, or a row changed underneath its index. Not a
-/// cryptographic hash: it mixes 8-byte words (a byte-at-a-time hash cost a
-/// tenth of the whole scan) and only has to make an accidental change of a
-/// key or a hash show.
-fn row_digest(rowid: i64, id: &[u8], hash: &[u8]) -> u64 {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mix = |h: u64, word: u64| (h ^ word).wrapping_mul(K).rotate_left(29);
-    let mut h = mix(K, u64::from_le_bytes(rowid.to_le_bytes()));
-    for part in [id, hash] {
-        h = mix(h, part.len() as u64);
-        for chunk in part.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            h = mix(h, u64::from_le_bytes(word));
-        }
-    }
-    // Final avalanche (as in splitmix64), so that sums of digests stay spread.
-    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
-}
-
-/// The bytes of a text or blob value; nothing for anything else.
-fn raw_bytes(value: rusqlite::types::ValueRef<'_>) -> &[u8] {
-    value.as_bytes_or_null().ok().flatten().unwrap_or(&[])
-}
-
-/// Sum of [`row_digest`] over a table scan (no index) of `sql`'s rows.
-fn table_digest(tx: &Transaction<'_>, sql: &str) -> rusqlite::Result<(i64, u64)> {
-    let mut stmt = tx.prepare(sql)?;
-    let mut rows = stmt.query([])?;
-    let (mut count, mut sum) = (0i64, 0u64);
-    while let Some(row) = rows.next()? {
-        count += 1;
-        let rowid = row.get(0).unwrap_or(-1);
-        let digest = row_digest(
-            rowid,
-            raw_bytes(row.get_ref(1)?),
-            raw_bytes(row.get_ref(2)?),
-        );
-        sum = sum.wrapping_add(digest);
-    }
-    Ok((count, sum))
-}
-
 fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
     let grant: (Option<i64>, Option<i64>, Option<i64>) = (row.get(7)?, row.get(8)?, row.get(9)?);
     let task_id: String = row.get(0)?;
     let sequence = row.get(11).unwrap_or(-1);
-    let raw_hash = raw_bytes(row.get_ref(10)?);
-    let digest = row_digest(sequence, task_id.as_bytes(), raw_hash);
     let stored_hash = match row.get_ref(10)? {
         rusqlite::types::ValueRef::Blob(b) => b.try_into().ok(),
         _ => None,
@@ -235,7 +185,6 @@ fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
                 _ => None,
             },
         },
-        digest,
         sequence,
         stored_hash,
     })
@@ -269,29 +218,25 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
     let mut task_rows = tasks.query([])?;
     let mut event_rows = events.query([])?;
     let mut child_rows = children.query([])?;
-    let mut task_digest = 0u64;
+    let mut stream_tasks = Tally::default();
+    let mut expected_indexes = index_audit::Expected::default();
+    let mut all_decoded = true;
     let mut next_event = advance_event(&mut event_rows, report)?;
     let mut next_child = advance_child(&mut child_rows)?;
 
     while let Some(row) = task_rows.next()? {
         report.task_count += 1;
-        task_digest = task_digest.wrapping_add(row_digest(
-            row.get(28).unwrap_or(-1),
-            row.get_ref(0)?
-                .as_bytes_or_null()
-                .ok()
-                .flatten()
-                .unwrap_or(&[]),
-            row.get_ref(27)?
-                .as_bytes_or_null()
-                .ok()
-                .flatten()
-                .unwrap_or(&[]),
-        ));
+        let rowid = row.get(28).unwrap_or(-1);
+        stream_tasks.add(
+            Digest::new(rowid)
+                .value(row.get_ref(0)?)
+                .value(row.get_ref(27)?),
+        );
         let Ok(task) = TaskRow::from_row(row) else {
             // An unreadable row is one state inconsistency; its events and
             // children still belong to it, not to nobody.
             report.state_inconsistency_count += 1;
+            all_decoded = false;
             report
                 .check_suspects
                 .push((Table::Tasks, row.get(28).unwrap_or(-1)));
@@ -317,6 +262,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             .or_default() += 1;
         report.state_inconsistency_count += i64::from(task.state_problem());
         report.check_violation_count += i64::from(!checks::task_passes(&task));
+        expected_indexes.add(rowid, &task);
         report.owner_inconsistency_count += i64::from(task.owner_problem());
 
         // Events of tasks that sort before this one belong to no task.
@@ -374,7 +320,12 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
         next_child = advance_child(&mut child_rows)?;
     }
     report.foreign_key_error_count += report.orphan_count;
-    cross_check_indexes(tx, report, task_digest)?;
+    cross_check_indexes(tx, report, stream_tasks)?;
+    // With every row decoded, each partial index must hold exactly the
+    // entries those rows call for (else a row was already counted).
+    if all_decoded && !expected_indexes.matches_indexes(tx)? {
+        report.state_inconsistency_count += 1;
+    }
     for (table, rowid) in std::mem::take(&mut report.check_suspects) {
         // A row SQLite cannot even judge fails, as it would in quick_check.
         report.check_violation_count +=
@@ -386,17 +337,21 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
 /// The streams read ids from the indexes; a row changed under its index (a
 /// damaged page that `quick_check` does not look at) shows as a mismatch
 /// between those streams and plain table scans.
-fn cross_check_indexes(tx: &Transaction<'_>, report: &mut Report, task_digest: u64) -> Result<()> {
-    let (tasks_in_table, tasks_sum) =
-        table_digest(tx, "SELECT rowid, id, event_head FROM tasks NOT INDEXED")?;
-    if (tasks_in_table, tasks_sum) != (report.task_count, task_digest) {
+fn cross_check_indexes(
+    tx: &Transaction<'_>,
+    report: &mut Report,
+    stream_tasks: Tally,
+) -> Result<()> {
+    if index_audit::tally(tx, "SELECT rowid, id, event_head FROM tasks NOT INDEXED")?
+        != stream_tasks
+    {
         report.state_inconsistency_count += 1;
     }
-    let (events_in_table, events_sum) = table_digest(
+    let events_in_table = index_audit::tally(
         tx,
         "SELECT sequence, task_id, event_hash FROM task_events NOT INDEXED",
     )?;
-    if (events_in_table, events_sum) != (report.event_count, report.stream_event_digest) {
+    if events_in_table != report.stream_events {
         report.event_inconsistency_count += 1;
     }
     Ok(())
@@ -408,6 +363,11 @@ fn advance_event(rows: &mut rusqlite::Rows<'_>, report: &mut Report) -> Result<O
             return Ok(None);
         };
         report.event_count += 1;
+        report.stream_events.add(
+            Digest::new(row.get(11).unwrap_or(-1))
+                .value(row.get_ref(0)?)
+                .value(row.get_ref(10)?),
+        );
         let Ok(e) = event_row(row) else {
             // A row of the wrong shape is an inconsistency, never a crash.
             report.event_inconsistency_count += 1;
@@ -415,7 +375,6 @@ fn advance_event(rows: &mut rusqlite::Rows<'_>, report: &mut Report) -> Result<O
             report.check_suspects.push((Table::Events, sequence));
             continue;
         };
-        report.stream_event_digest = report.stream_event_digest.wrapping_add(e.digest);
         if e.stored_hash.is_none() {
             report.check_suspects.push((Table::Events, e.sequence));
         } else {

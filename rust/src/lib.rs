@@ -15,6 +15,7 @@ mod errors;
 mod events;
 mod fsguard;
 mod fsm;
+mod index_audit;
 mod ledger;
 mod reconcile;
 mod retention;

@@ -457,6 +457,31 @@ fn code_fits(code: Option<&str>, terminal: bool, allowed: &[&str]) -> bool {
     }
 }
 
+/// Query plans, for tests that pin which index a statement reads.
+#[cfg(test)]
+pub mod test_support {
+    use rusqlite::config::DbConfig;
+    use rusqlite::types::Null;
+    use rusqlite::{params_from_iter, Connection};
+
+    /// The plan SQLite picks on a fresh ledger with the query planner
+    /// stability guarantee on (as every ledger connection has it).
+    pub fn plan(sql: &str) -> String {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+            .unwrap();
+        let tx = conn.transaction().unwrap();
+        super::create(&tx).unwrap();
+        tx.commit().unwrap();
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let unbound = vec![Null; stmt.parameter_count()];
+        let details = stmt
+            .query_map(params_from_iter(unbound), |r| r.get::<_, String>(3))
+            .unwrap();
+        details.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
