@@ -567,6 +567,19 @@ TAMPERS = [
         "owner_inconsistency_count",
         _sql("UPDATE tasks SET owner = 'w 1' WHERE id = ?", IDS["running"]),
     ),
+    # Self-consistent row edits: only the events tell the truth.
+    Tamper(
+        "owner_swapped_to_another_worker",
+        "owner_inconsistency_count",
+        _sql("UPDATE tasks SET owner = 'w9' WHERE id = ?", IDS["running"]),
+        exact=1,
+    ),
+    Tamper(
+        "attempt_count_reset",
+        "owner_inconsistency_count",
+        _sql("UPDATE tasks SET attempt_count = 0 WHERE id = ?", IDS["granted"]),
+        exact=1,
+    ),
     # links and ids
     Tamper(
         "parent_link_to_missing_task",

@@ -263,7 +263,6 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
         report.state_inconsistency_count += i64::from(task.state_problem());
         report.check_violation_count += i64::from(!checks::task_passes(&task));
         expected_indexes.add(rowid, &task);
-        report.owner_inconsistency_count += i64::from(task.owner_problem());
 
         // Events of tasks that sort before this one belong to no task.
         while next_event
@@ -280,6 +279,8 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             }
             next_event = advance_event(&mut event_rows, report)?;
         }
+        let claims_match = chain.claims_match(&task);
+        report.owner_inconsistency_count += i64::from(task.owner_problem() || !claims_match);
         let (broken, inconsistent) = chain.finish(&task);
         report.event_chain_break_count += i64::from(broken);
         report.event_inconsistency_count += i64::from(inconsistent);
@@ -447,6 +448,10 @@ struct Chain {
     terminal: Option<(f64, Option<String>)>,
     park_code: Option<String>,
     delivery: Option<(DeliveryStatus, f64, Option<String>)>,
+    /// Claim bookkeeping as the events tell it: each move into running is
+    /// an attempt by the event's worker; back to the queue drops the owner.
+    owner: Option<String>,
+    attempts: i64,
 }
 
 impl Chain {
@@ -461,6 +466,8 @@ impl Chain {
             terminal: None,
             park_code: None,
             delivery: None,
+            owner: None,
+            attempts: 0,
         }
     }
 
@@ -503,7 +510,12 @@ impl Chain {
         }
         self.status = to;
         match to {
-            TaskStatus::Running => self.last_running_at = Some(e.at),
+            TaskStatus::Running => {
+                self.last_running_at = Some(e.at);
+                self.attempts = self.attempts.saturating_add(1);
+                self.owner.clone_from(&e.worker);
+            }
+            TaskStatus::Queued => self.owner = None,
             TaskStatus::Blocked | TaskStatus::Escalated => self.park_code.clone_from(&e.code),
             s if s.is_terminal() => self.terminal = Some((e.at, e.code.clone())),
             _ => {}
@@ -526,6 +538,12 @@ impl Chain {
             && code_ok;
         self.delivery = Some((to, e.at, e.code.clone()));
         ok
+    }
+
+    /// Whether the row's owner and attempt count are the ones its events
+    /// tell; only judged on an intact chain (a broken one is counted there).
+    fn claims_match(&self, task: &TaskRow) -> bool {
+        self.broken || self.bad || (self.owner == task.owner && self.attempts == task.attempt_count)
     }
 
     /// (chain broken, events inconsistent with the row).
