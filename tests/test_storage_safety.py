@@ -11,7 +11,7 @@ import pytest
 
 from taskwarden import InvalidInput, Ledger, StateConflict
 
-from .conftest import FrozenClock
+from .conftest import FrozenClock, run_cli
 
 
 def mode(path: Path) -> int:
@@ -90,6 +90,30 @@ def test_unsafe_parent_is_refused_at_open_and_later(tmp_path: Path) -> None:
     finally:
         shared.chmod(0o700)
         ledger.close()
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+@pytest.mark.parametrize("name", ["dir/.", "dir/..", "dir/", "x" * 248])
+def test_a_path_that_cannot_name_a_ledger_file_is_invalid_input(
+    tmp_path: Path, name: str, read_only: bool
+) -> None:
+    """``dir/.`` is not a file called ``dir``, and a name whose ``-journal``
+    sidecar would not fit the file system is refused up front (clean
+    ``InvalidInput``, nothing created), not as a storage failure later."""
+    os.chmod(tmp_path, 0o700)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(InvalidInput):
+        Ledger(f"{tmp_path}/{name}", read_only=read_only)  # a str: pathlib drops the "."
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    code, out, raw = run_cli("--db", f"{tmp_path}/{name}", "init")
+    assert code == 2 and out["error"] == "InvalidInput", raw
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_the_longest_name_that_fits_opens(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)
+    with Ledger(tmp_path / ("x" * 247)) as ledger:
+        assert ledger.create_task().status == "queued"
 
 
 def test_parent_that_is_a_file_or_link_is_refused(tmp_path: Path) -> None:

@@ -36,6 +36,9 @@ pub enum Sidecars {
 
 const SIDECAR_SUFFIXES: [&str; 3] = ["-journal", "-wal", "-shm"];
 
+/// The longest file name the common POSIX file systems allow, in bytes.
+const NAME_MAX: usize = 255;
+
 /// Makes `raw` absolute, follows links in the existing ancestors (as the
 /// peer does) and keeps the final name literal.
 pub fn resolve(raw: &str) -> Result<DbPath> {
@@ -44,10 +47,17 @@ pub fn resolve(raw: &str) -> Result<DbPath> {
     }
     let absolute =
         std::path::absolute(raw).map_err(|_| Error::Invalid("database path is invalid"))?;
+    // The name as written must name a file: `dir/.` would otherwise become
+    // a file called `dir`, as path normalisation drops the dot.
+    let written = raw.rsplit('/').next().unwrap_or(raw);
     let name = match absolute.components().next_back() {
-        Some(Component::Normal(name)) if !raw.ends_with('/') => name.to_owned(),
+        Some(Component::Normal(name)) if !matches!(written, "" | "." | "..") => name.to_owned(),
         _ => return Err(Error::Invalid("database path is invalid")),
     };
+    // SQLite adds `-journal` to the name; every sidecar must fit NAME_MAX.
+    if name.len() + "-journal".len() > NAME_MAX {
+        return Err(Error::Invalid("database file name is too long"));
+    }
     let parent = resolve_lenient(absolute.parent().unwrap_or(Path::new("/")));
     Ok(DbPath {
         file: parent.join(name),
