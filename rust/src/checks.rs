@@ -118,10 +118,10 @@ mod tests {
     use crate::task::COLUMNS;
 
     /// A ledger with one valid task (and its creation event) to edit.
-    fn ledger() -> Connection {
-        let mut conn = Connection::open_in_memory().unwrap();
-        let tx = conn.transaction().unwrap();
-        schema::create(&tx).unwrap();
+    fn ledger() -> crate::errors::Result<Connection> {
+        let mut conn = Connection::open_in_memory()?;
+        let tx = conn.transaction()?;
+        schema::create(&tx)?;
         tx.execute_batch(
             "INSERT INTO tasks (id, status, delivery_status, delivery_required, created_at,
                  updated_at, delivery_updated_at, event_head)
@@ -130,26 +130,23 @@ mod tests {
              INSERT INTO task_events (task_id, event_kind, to_value, occurred_at, event_hash)
              VALUES ('01890000-0000-7000-8000-000000000001', 'created', 'queued', 1.0,
                  zeroblob(32));",
-        )
-        .unwrap();
-        tx.commit().unwrap();
-        conn.pragma_update(None, "ignore_check_constraints", true)
-            .unwrap();
-        conn
+        )?;
+        tx.commit()?;
+        conn.pragma_update(None, "ignore_check_constraints", true)?;
+        Ok(conn)
     }
 
-    fn rust_task_verdict(conn: &Connection) -> Option<bool> {
+    fn rust_task_verdict(conn: &Connection) -> rusqlite::Result<Option<bool>> {
         conn.query_row(&format!("SELECT {COLUMNS} FROM tasks"), [], |r| {
             Ok(TaskRow::from_row(r).ok().map(|t| !task_passes(&t)))
         })
-        .unwrap()
     }
 
     /// Each edit breaks at most one CHECK (or none, to prove the Rust side
     /// does not see violations that are not there); Rust and SQLite agree
     /// wherever the row decodes, and SQLite's verdict is the one expected.
     #[test]
-    fn rust_and_sqlite_agree_on_task_checks() {
+    fn rust_and_sqlite_agree_on_task_checks() -> crate::errors::Result<()> {
         let edits: &[(&str, bool)] = &[
             ("version = 0", false),
             ("version = -1", true),
@@ -179,46 +176,42 @@ mod tests {
             ("status = 'succeeded', ended_at = 2.0", false),
         ];
         for (edit, violates) in edits {
-            let conn = ledger();
-            conn.execute_batch(&format!("UPDATE tasks SET {edit}"))
-                .unwrap();
-            let sqlite = row_violates(&conn, Table::Tasks, 1).unwrap();
+            let conn = ledger()?;
+            conn.execute_batch(&format!("UPDATE tasks SET {edit}"))?;
+            let sqlite = row_violates(&conn, Table::Tasks, 1)?;
             assert_eq!(sqlite, *violates, "SQLite on {edit}");
-            if let Some(rust) = rust_task_verdict(&conn) {
+            if let Some(rust) = rust_task_verdict(&conn)? {
                 assert_eq!(rust, sqlite, "Rust on {edit}");
             }
         }
+        Ok(())
     }
 
     #[test]
-    fn sqlite_judges_rows_of_unexpected_types() {
+    fn sqlite_judges_rows_of_unexpected_types() -> crate::errors::Result<()> {
         for (edit, violates) in [
             ("status = CAST('queued' AS BLOB)", true),
             ("version = 'x'", false),
             ("event_head = zeroblob(31)", true),
             ("event_head = printf('%.32c', 'x')", false),
         ] {
-            let conn = ledger();
-            conn.execute_batch(&format!("UPDATE tasks SET {edit}"))
-                .unwrap();
-            assert_eq!(rust_task_verdict(&conn), None, "{edit} decodes");
-            assert_eq!(
-                row_violates(&conn, Table::Tasks, 1).unwrap(),
-                violates,
-                "{edit}"
-            );
+            let conn = ledger()?;
+            conn.execute_batch(&format!("UPDATE tasks SET {edit}"))?;
+            assert_eq!(rust_task_verdict(&conn)?, None, "{edit} decodes");
+            assert_eq!(row_violates(&conn, Table::Tasks, 1)?, violates, "{edit}");
         }
+        Ok(())
     }
 
     #[test]
-    fn event_checks() {
+    fn event_checks() -> crate::errors::Result<()> {
         assert!(event_passes("created"));
         assert!(!event_passes("paused"));
-        let conn = ledger();
-        assert!(!row_violates(&conn, Table::Events, 1).unwrap());
-        conn.execute_batch("UPDATE task_events SET event_kind = 'paused'")
-            .unwrap();
-        assert!(row_violates(&conn, Table::Events, 1).unwrap());
-        assert!(!row_violates(&conn, Table::Events, 99).unwrap(), "no row");
+        let conn = ledger()?;
+        assert!(!row_violates(&conn, Table::Events, 1)?);
+        conn.execute_batch("UPDATE task_events SET event_kind = 'paused'")?;
+        assert!(row_violates(&conn, Table::Events, 1)?);
+        assert!(!row_violates(&conn, Table::Events, 99)?, "no row");
+        Ok(())
     }
 }

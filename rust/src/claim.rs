@@ -120,14 +120,15 @@ mod tests {
     use crate::schema::test_support::plan;
 
     #[test]
-    fn claims_read_the_queue_index_in_order() {
+    fn claims_read_the_queue_index_in_order() -> crate::errors::Result<()> {
         assert_eq!(
-            plan(&queue_sql(false)),
+            plan(&queue_sql(false))?,
             "SCAN tasks USING INDEX tasks_queue_idx"
         );
         assert_eq!(
-            plan(&queue_sql(true)),
+            plan(&queue_sql(true))?,
             "SEARCH tasks USING INDEX tasks_tenant_queue_idx (tenant=?)"
         );
+        Ok(())
     }
 }

@@ -466,19 +466,16 @@ pub mod test_support {
 
     /// The plan SQLite picks on a fresh ledger with the query planner
     /// stability guarantee on (as every ledger connection has it).
-    pub fn plan(sql: &str) -> String {
-        let mut conn = Connection::open_in_memory().unwrap();
-        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
-            .unwrap();
-        let tx = conn.transaction().unwrap();
-        super::create(&tx).unwrap();
-        tx.commit().unwrap();
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+    pub fn plan(sql: &str) -> crate::errors::Result<String> {
+        let mut conn = Connection::open_in_memory()?;
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+        let tx = conn.transaction()?;
+        super::create(&tx)?;
+        tx.commit()?;
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
         let unbound = vec![Null; stmt.parameter_count()];
-        let details = stmt
-            .query_map(params_from_iter(unbound), |r| r.get::<_, String>(3))
-            .unwrap();
-        details.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+        let details = stmt.query_map(params_from_iter(unbound), |r| r.get::<_, String>(3))?;
+        Ok(details.collect::<rusqlite::Result<Vec<_>>>()?.join("; "))
     }
 }
 
