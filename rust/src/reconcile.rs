@@ -266,3 +266,20 @@ fn expire_deliveries(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs, required: bo
         .execute(params)?;
     Ok(changed as i64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{EXPIRED, TIMED_OUT};
+    use crate::schema::test_support::plan;
+
+    /// Reconcile reads only the rows it may change, through the partial
+    /// indexes, whatever values are bound (plans are pinned per connection).
+    #[test]
+    fn decisions_read_their_partial_indexes() -> crate::errors::Result<()> {
+        let timed_out = plan(&format!("SELECT count(*) FROM tasks WHERE {TIMED_OUT}"))?;
+        assert!(timed_out.contains("tasks_running_idx"), "{timed_out}");
+        let expired = plan(&format!("SELECT count(*) FROM tasks WHERE {EXPIRED}"))?;
+        assert!(expired.contains("tasks_pending_delivery_idx"), "{expired}");
+        Ok(())
+    }
+}
