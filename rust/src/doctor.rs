@@ -5,7 +5,10 @@
 //! in id order merged with their events (by the events' task index) and
 //! with their children's usage sums, so memory stays flat however large the
 //! ledger is, and a concurrent writer can never make a healthy ledger look
-//! unhealthy. `PRAGMA quick_check` runs beside it (see `Store::doctor`).
+//! unhealthy. Each decoded row is also held to the schema's CHECK
+//! constraints (`checks`) and to the entries it calls for in every index
+//! (`index_audit`). `PRAGMA quick_check` runs beside it for pages and
+//! records (see `Store::doctor`).
 
 use std::collections::BTreeMap;
 
