@@ -623,19 +623,40 @@ def test_tamper_is_detected(tamper: Tamper, copy: Path) -> None:
     assert out == report
 
 
-def _break_a_check_constraint(path: Path) -> None:
+CHECK_BREAKS = {
+    # a row that no longer decodes: SQLite judges its CHECKs
+    "unknown_status": ("UPDATE tasks SET status = 'paused' WHERE id = ?", "queued"),
+    "short_event_hash": (
+        "UPDATE task_events SET event_hash = zeroblob(31) WHERE task_id = ?",
+        "queued",
+    ),
+    # rows that decode: doctor's scan judges the CHECKs itself
+    "negative_usage": ("UPDATE tasks SET llm_calls_used = -1 WHERE id = ?", "running"),
+    "empty_tenant": ("UPDATE tasks SET tenant = '' WHERE id = ?", "queued"),
+    "unknown_event_kind": (
+        "UPDATE task_events SET event_kind = 'paused' WHERE task_id = ?",
+        "queued",
+    ),
+}
+
+
+def _break_a_check_constraint(path: Path, how: str = "unknown_status") -> None:
+    sql, name = CHECK_BREAKS[how]
     with tampering(path, ignore_checks=True) as conn:
-        conn.execute("UPDATE tasks SET status = 'paused' WHERE id = ?", (IDS["queued"],))
+        conn.execute(sql, (IDS[name],))
     # Ground truth from SQLite itself, on a normal connection.
     with contextlib.closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA quick_check").fetchall() != [("ok",)]
 
 
-def test_quick_check_reports_a_check_constraint_violation(copy: Path) -> None:
+@pytest.mark.parametrize("how", sorted(CHECK_BREAKS))
+def test_quick_check_reports_a_check_constraint_violation(copy: Path, how: str) -> None:
     """SQLite's ``quick_check`` verifies CHECK constraints on a normal
-    connection (the peer's doctor runs it there). The writable doctor and the
-    read-only doctor must both report it, and agree with each other."""
-    _break_a_check_constraint(copy)
+    connection (the peer's doctor runs it there). doctor's ``quick_check``
+    verdict must say the same, whether the row still decodes (the scan
+    judges the CHECKs) or not (SQLite judges them for that row), writable
+    and read-only alike."""
+    _break_a_check_constraint(copy, how)
     code_ro, out_ro, _ = run_cli("--db", str(copy), "doctor", "--read-only")
     report = doctor_of(copy)
     assert report["healthy"] is False
