@@ -7,7 +7,8 @@ import contextlib
 import io
 import json
 import sqlite3
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,14 @@ def logical_dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
             )
         ]
         return {t: sorted(conn.execute(f'SELECT * FROM "{t}"'), key=repr) for t in tables}
+
+
+def report_outcome(results: Any, index: int, body: Callable[[], Any]) -> None:
+    """For worker processes: put ``("ok", index, body())`` on the results
+    queue, or ``("error", index, traceback)`` if ``body`` raised."""
+    try:
+        payload = body()
+    except BaseException:
+        results.put(("error", index, traceback.format_exc()))
+    else:
+        results.put(("ok", index, payload))

@@ -15,7 +15,6 @@ import queue
 import random
 import sqlite3
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import pytest
 from taskwarden import Ledger
 from taskwarden.errors import StateConflict
 
-from .conftest import FrozenClock, logical_dump
+from .conftest import FrozenClock, logical_dump, report_outcome
 
 SPAWN = multiprocessing.get_context("spawn")
 PROCESSES = 8
@@ -37,15 +36,6 @@ RESULT_TIMEOUT = 240
 
 # --------------------------------------------------------------------------
 # process plumbing: module-level workers, results (or the traceback) via a queue
-
-
-def _report(results: Any, index: int, body: Callable[[], Any]) -> None:
-    try:
-        payload = body()
-    except BaseException:
-        results.put(("error", index, traceback.format_exc()))
-    else:
-        results.put(("ok", index, payload))
 
 
 def _claim_worker(index: int, results: Any, barrier: Any, path: str, limit: int) -> None:
@@ -83,7 +73,7 @@ def _claim_worker(index: int, results: Any, barrier: Any, path: str, limit: int)
                     claimed.append(task.id)
         return {"name": name, "ids": claimed, "problems": problems}
 
-    _report(results, index, body)
+    report_outcome(results, index, body)
 
 
 def _charge_worker(
@@ -108,7 +98,7 @@ def _charge_worker(
             "final": answer.to_dict(),
         }
 
-    _report(results, index, body)
+    report_outcome(results, index, body)
 
 
 def run_processes(

@@ -12,6 +12,7 @@ use rusqlite::{Connection, OptionalExtension};
 
 use crate::events;
 use crate::task::TaskRow;
+use crate::validate;
 
 /// Every CHECK of `tasks` in the DDL, joined: a row violates one when this
 /// is false (NULL passes, as in SQLite).
@@ -56,11 +57,11 @@ pub fn task_passes(task: &TaskRow) -> bool {
     let chars = |s: &str| s.chars().count();
     let name_ok = |n: &Option<String>| n.as_deref().is_none_or(|n| (1..=128).contains(&chars(n)));
     let non_negative = |n: Option<i64>| n.is_none_or(|n| n >= 0);
-    let hash_ok = task.payload_hash.as_deref().is_none_or(|h| {
-        chars(h) == 64
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    });
+    // 64 lowercase hex digits, the GLOB's meaning (ASCII: bytes are chars).
+    let hash_ok = task
+        .payload_hash
+        .as_deref()
+        .is_none_or(validate::is_sha256_hex);
     hash_ok
         && task.timeout_seconds.is_none_or(|t| t >= 0.0)
         && task.version >= 0

@@ -407,9 +407,8 @@ impl Store {
         let busy = Duration::from_millis(u64::from(self.busy_timeout_ms));
         std::thread::scope(|scope| {
             let quick = scope.spawn(move || {
-                // Read-write, though it only reads: SQLite skips CHECK
-                // constraints in quick_check on a read-only connection.
-                let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                // Pages and records only: the scan judges CHECK constraints.
+                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
                 Connection::open_with_flags(&file, flags)
                     .and_then(|c| c.busy_timeout(busy).map(|()| c))
                     .is_ok_and(|c| doctor::quick_check(&c))

@@ -33,7 +33,6 @@ import random
 import subprocess
 import sys
 import time
-import traceback
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +41,8 @@ from typing import Any
 from taskwarden import Ledger, Task
 from taskwarden.errors import LedgerBusy, StateConflict
 
+from ..conftest import report_outcome
+
 SPAWN = multiprocessing.get_context("spawn")
 PROCESSES, SABOTEURS = 16, 2
 BUSY_MS = 5
@@ -49,15 +50,6 @@ ROOTS, CHILDREN_PER_ROOT = 20, 10
 ROOT_CALLS, CHILD_CALLS = 30, 5
 SHORT_SECONDS, LONG_SECONDS = 8.0, 150.0
 TERMINAL = {"succeeded", "failed", "timed_out", "cancelled"}
-
-
-def _report(results: Any, index: int, body: Callable[[], Any]) -> None:
-    try:
-        payload = body()
-    except BaseException:
-        results.put(("error", index, traceback.format_exc()))
-    else:
-        results.put(("ok", index, payload))
 
 
 class _Calls:
@@ -127,7 +119,7 @@ def _worker(index: int, results: Any, barrier: Any, path: str, seconds: float) -
                     _work_on(calls, rng, name, task, log)
         return {"log": log, "busy": calls.busy, "conflicts": calls.conflicts, "bad": calls.bad}
 
-    _report(results, index, body)
+    report_outcome(results, index, body)
 
 
 def _work_on(
@@ -224,7 +216,7 @@ def _saboteur(
                     )
         return {"log": log, "busy": calls.busy, "conflicts": calls.conflicts, "bad": calls.bad}
 
-    _report(results, index, body)
+    report_outcome(results, index, body)
 
 
 def _seed(path: Path, tasks: int) -> tuple[list[str], list[str]]:
