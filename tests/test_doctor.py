@@ -666,6 +666,19 @@ def test_quick_check_reports_a_check_constraint_violation(copy: Path, how: str) 
     assert (code, out) == (code_ro, out_ro) == (1, report)
 
 
+@pytest.mark.parametrize("how", ["negative_usage", "unknown_status"])
+def test_read_only_quick_check_skips_check_constraints(copy: Path, how: str) -> None:
+    """Why the benchmarks take SQLite's default connection as the bare
+    ``quick_check`` to compare doctor with: on a read-only connection SQLite
+    does not load CHECK constraints, so there the pragma passes a row that
+    breaks one. doctor's verdict, read-only too, does not."""
+    _break_a_check_constraint(copy, how)
+    with contextlib.closing(sqlite3.connect(f"file:{copy}?mode=ro", uri=True)) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+    with Ledger(copy, read_only=True) as ledger:
+        assert ledger.doctor()["quick_check"] == "failed"
+
+
 def test_unreadable_task_row_does_not_orphan_its_children_and_events(copy: Path) -> None:
     """A task row with an unknown status is one state inconsistency. Its two
     children still have their parent row and its events still have their
