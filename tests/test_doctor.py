@@ -533,6 +533,29 @@ TAMPERS = [
         _event_at("succeeded", -1, "DELETE FROM task_events WHERE sequence = ?"),
     ),
     Tamper("events_reordered", "event_chain_break_count", _swap("succeeded", 1, 2)),
+    # A grant amount on an event that is no grant, or on a grant only in
+    # part, is not in the hash: the event's shape must tell.
+    Tamper(
+        "grant_amount_on_a_claim_event",
+        "event_inconsistency_count",
+        _event_at("running", 1, "UPDATE task_events SET grant_calls = 9 WHERE sequence = ?"),
+        exact=1,
+    ),
+    Tamper(
+        "grant_amounts_on_a_claim_event",
+        "event_chain_break_count",
+        _event_at(
+            "running",
+            1,
+            "UPDATE task_events SET grant_calls = 9, grant_tokens = 0, grant_cost_micros = 0 "
+            "WHERE sequence = ?",
+        ),
+    ),
+    Tamper(
+        "grant_amount_cleared_in_part",
+        "event_chain_break_count",
+        _event_at("granted", 3, "UPDATE task_events SET grant_tokens = NULL WHERE sequence = ?"),
+    ),
     Tamper("event_inserted", "event_chain_break_count", _insert_copy_of_last("running")),
     # budgets, owners
     Tamper(

@@ -158,6 +158,9 @@ struct EventRow {
     event: Event,
     stored_hash: Option<Hash>,
     sequence: i64,
+    /// Some but not all of the three grant columns are set. Such a row has
+    /// no grant to hash, so only this flag tells it from an untouched one.
+    partial_grant: bool,
 }
 
 impl EventRow {
@@ -190,6 +193,10 @@ fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
         },
         sequence,
         stored_hash,
+        partial_grant: {
+            let set = [grant.0.is_some(), grant.1.is_some(), grant.2.is_some()];
+            set.contains(&true) && set.contains(&false)
+        },
     })
 }
 
@@ -483,6 +490,9 @@ impl Chain {
         self.hash = row.stored_hash.unwrap_or(expected);
         let first = self.count == 0;
         self.count += 1;
+        // Only a grant event carries grant amounts, and then all three.
+        let grant_ok =
+            !row.partial_grant && (e.grant.is_some() == (e.kind == events::BUDGET_GRANTED));
         let ok = match (first, e.kind.as_str()) {
             (true, events::CREATED) => {
                 e.from.is_none() && e.to == "queued" && e.code.as_deref() == Some("created")
@@ -497,7 +507,7 @@ impl Chain {
             }
             _ => false,
         };
-        self.bad |= !ok;
+        self.bad |= !(ok && grant_ok);
     }
 
     fn task_transition(&mut self, e: &Event) -> bool {
