@@ -51,12 +51,23 @@ def test_recreate_with_same_fields_is_idempotent(ledger: Ledger, clock: FrozenCl
         {"payload_hash": HASH},
         {"delivery_required": False},
         {"tenant": "other"},
+        {"max_attempts": 7},
     ],
 )
 def test_recreate_with_different_fields_conflicts(ledger: Ledger, change: dict) -> None:
     task = ledger.create_task(timeout_seconds=5)
     with pytest.raises(StateConflict):
         ledger.create_task(task_id=task.id, **{"timeout_seconds": 5, **change})
+
+
+def test_recreate_after_a_grant_is_still_a_retry(ledger: Ledger) -> None:
+    """Limits are not part of a task's identity: ``grant`` raises them, so a
+    retried create with the original limits returns the granted task."""
+    task = ledger.create_task(llm_calls_budget=2, token_budget=100)
+    granted = ledger.grant(task.id, calls=3, tokens=50)
+    again = ledger.create_task(task_id=task.id, llm_calls_budget=2, token_budget=100)
+    assert again == granted
+    assert (again.llm_calls_budget, again.token_budget) == (5, 150)
 
 
 def test_parent_must_exist(ledger: Ledger) -> None:

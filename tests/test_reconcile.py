@@ -1295,6 +1295,19 @@ def test_cli_reconcile_refuses_bad_graces(db_path: Path, past_scenario: dict[str
     assert logical_dump(db_path) == dump
 
 
+def test_cli_demo_never_touches_an_existing_ledger(tmp_path: Path) -> None:
+    """The demo times out whatever runs in its ledger: pointed at a real
+    one it refuses (exit 2) and the file keeps every byte."""
+    real = tmp_path / "real.db"
+    with Ledger(real) as ledger:
+        ledger.start_task(ledger.create_task().id)
+    before = real.read_bytes()
+    code, out, _ = run_cli("demo", "--keep-db", str(real))
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert real.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real.db"]
+
+
 def test_cli_demo(tmp_path: Path) -> None:
     keep = tmp_path / "kept" / "demo.db"
     code, out, raw = run_cli("demo", "--keep-db", str(keep))

@@ -9,11 +9,13 @@ show that nothing changes the second time.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from .errors import InvalidInput
 from .ledger import Ledger
 
 __all__ = ["ACTIVE_GRACE", "DELIVERY_GRACE", "run_demo"]
@@ -67,7 +69,13 @@ def _populate(ledger: Ledger, clock: _ScriptClock, now: float) -> None:
 
 
 def run_demo(db: str | Path | None = None) -> dict[str, Any]:
-    """Build the scenario and return the preview, apply and recheck reports."""
+    """Build the scenario and return the preview, apply and recheck reports.
+
+    ``db`` must not exist yet: the demo reconciles everything in its ledger,
+    and a real ledger's tasks are not the demo's to time out.
+    """
+    if db is not None and any(os.path.lexists(f"{db}{s}") for s in ("", "-wal", "-journal")):
+        raise InvalidInput("the demo builds a new ledger; that path already exists")
     with tempfile.TemporaryDirectory(prefix="taskwarden-demo-") as tmp:
         path = Path(db) if db is not None else Path(tmp) / "private" / "demo.db"
         now = time.time()

@@ -121,7 +121,9 @@ class Ledger:
         max_attempts: int = 3,
     ) -> Task:
         """Create a queued task, or return it unchanged when the same id is
-        created again with the same immutable fields."""
+        created again with the same immutable fields (parent, payload hash,
+        timeout, delivery, tenant, max_attempts; budget limits are not
+        compared, ``grant`` raises them)."""
         return Task._from_core(
             self._core.create_task(
                 task_id=task_id,

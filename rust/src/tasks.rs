@@ -89,12 +89,15 @@ fn not_before(now: f64, task: &TaskRow) -> Result<()> {
     Ok(())
 }
 
+/// The fields no later operation changes. Budget limits are left out on
+/// purpose: `grant` raises them, and a retry after a grant is still a retry.
 fn same_identity(task: &TaskRow, new: &NewTask) -> bool {
     task.parent_id == new.parent_id
         && task.payload_hash == new.payload_hash
         && task.timeout_seconds == new.timeout_seconds
         && task.delivery_required == new.delivery_required
         && task.tenant == new.tenant
+        && task.max_attempts == new.max_attempts
 }
 
 /// Creates a queued task, or returns the existing one when `new` repeats
