@@ -434,6 +434,20 @@ def test_budget_reports_an_exhausted_ancestor(ledger: Ledger) -> None:
     assert ledger.get_task(child.id).status == "running"
 
 
+def test_a_refused_charge_reports_what_budget_reports(ledger: Ledger) -> None:
+    """Once the guard has escalated a task, a late charge is refused and
+    names the same exhausted limit as ``budget``, changing nothing."""
+    task = ledger.create_task(llm_calls_budget=1)
+    ledger.claim(task.id, "w")
+    assert ledger.charge(task.id, worker="w").allowed
+    assert ledger.charge(task.id, worker="w").escalated
+    before = ledger.get_task(task.id)
+    late = ledger.charge(task.id, worker="w")
+    assert (late.allowed, late.escalated, late.exhausted) == (False, False, "calls")
+    assert late == ledger.budget(task.id)
+    assert ledger.get_task(task.id) == before
+
+
 @pytest.mark.parametrize("method", ["charge", "budget", "grant"])
 def test_unknown_task_is_not_found(db_path: Path, clock: FrozenClock, method: str) -> None:
     with Ledger(db_path, clock=clock) as ledger:

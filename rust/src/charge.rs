@@ -28,14 +28,14 @@ pub fn charge(
     clock: Clock<'_>,
 ) -> Result<Outcome> {
     let task = tasks::get(tx, id)?;
-    let refused = |task: TaskRow| Outcome {
-        allowed: false,
-        escalated: false,
-        exhausted: None,
-        task,
-    };
     if task.status != TaskStatus::Running || fence.check(&task).is_err() {
-        return Ok(refused(task));
+        // Refused: nothing changes, and the figures are `budget`'s.
+        return Ok(Outcome {
+            allowed: false,
+            escalated: false,
+            exhausted: spent_on_chain(tx, &task)?,
+            task,
+        });
     }
     if amount == Usage::default() {
         return Ok(Outcome {
@@ -97,9 +97,7 @@ pub fn charge(
 /// is already used up.
 pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
     let task = tasks::get(tx, id)?;
-    let exhausted = std::iter::once(task.clone())
-        .chain(tasks::ancestors(tx, &task)?)
-        .find_map(|node| budget::spent(node.usage, node.limits));
+    let exhausted = spent_on_chain(tx, &task)?;
     let allowed = task.status == TaskStatus::Running && exhausted.is_none();
     Ok(Outcome {
         allowed,
@@ -107,4 +105,14 @@ pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
         exhausted,
         task,
     })
+}
+
+/// The first limit already used up, on the task or an ancestor.
+fn spent_on_chain(tx: &Transaction<'_>, task: &TaskRow) -> Result<Option<Dimension>> {
+    if let Some(dim) = budget::spent(task.usage, task.limits) {
+        return Ok(Some(dim));
+    }
+    Ok(tasks::ancestors(tx, task)?
+        .into_iter()
+        .find_map(|node| budget::spent(node.usage, node.limits)))
 }
