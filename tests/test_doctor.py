@@ -646,6 +646,15 @@ def test_tamper_is_detected(tamper: Tamper, copy: Path) -> None:
     assert out == report
 
 
+@pytest.mark.parametrize("mode", [[], ["--read-only"]])
+def test_cli_doctor_refuses_a_negative_snapshot_cap(copy: Path, mode: list[str]) -> None:
+    """A bad number is bad input whether or not this run would use it."""
+    before = copy.read_bytes()
+    code, out, _ = run_cli("--db", str(copy), "doctor", *mode, "--snapshot-max-mib", "-1")
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert copy.read_bytes() == before
+
+
 CHECK_BREAKS = {
     # a row that no longer decodes: SQLite judges its CHECKs
     "unknown_status": ("UPDATE tasks SET status = 'paused' WHERE id = ?", "queued"),

@@ -140,6 +140,10 @@ def test_replaced_database_is_detected(tmp_path: Path, clock: FrozenClock) -> No
 def test_durability_full_switches_synchronous(tmp_path: Path) -> None:
     with Ledger(tmp_path / "n.db") as normal:
         assert normal.storage_info()["synchronous"] == "normal"
+        with Ledger(tmp_path / "n.db", read_only=True) as live_wal:
+            assert live_wal.storage_info()["synchronous"] == "normal"
+    with Ledger(tmp_path / "n.db", read_only=True) as snapshot:
+        assert snapshot.storage_info()["synchronous"] == "normal"
     with Ledger(tmp_path / "f.db", durability="full") as full:
         info = full.storage_info()
         assert (info["synchronous"], info["durability"]) == ("full", "full")

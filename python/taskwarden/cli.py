@@ -236,10 +236,11 @@ def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
+    # Checked whether or not it is used: a bad number is bad input either way.
+    if args.snapshot_max_mib < 0:
+        raise InvalidInput("snapshot size must not be negative")
     options: dict[str, Any] = {}
     if args.read_only:
-        if args.snapshot_max_mib < 0:
-            raise InvalidInput("snapshot size must not be negative")
         options["snapshot_max_bytes"] = args.snapshot_max_mib * 1024 * 1024
     with _open(args, read_only=args.read_only, **options) as ledger:
         report = ledger.doctor()

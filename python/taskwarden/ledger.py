@@ -185,7 +185,8 @@ class Ledger:
         return None if row is None else Task._from_core(row)
 
     def claim_next(self, worker: str, *, tenant: str | None = None, limit: int = 1) -> list[Task]:
-        """Claim up to ``limit`` of the oldest queued tasks in one transaction."""
+        """Claim up to ``limit`` (1 to 10,000) of the oldest queued tasks in
+        one transaction."""
         return [
             Task._from_core(r) for r in self._core.claim_next(worker, tenant=tenant, limit=limit)
         ]
@@ -281,8 +282,8 @@ class Ledger:
         limit: int = 100,
         after: str | None = None,
     ) -> list[Task]:
-        """Tasks matching every filter, oldest first; pass the last id as
-        ``after`` for the next page."""
+        """Tasks matching every filter, oldest first, at most ``limit``
+        (1 to 10,000); pass the last id as ``after`` for the next page."""
         rows = self._core.list_tasks(
             status=status, tenant=tenant, owner=owner, parent_id=parent_id, limit=limit, after=after
         )
@@ -323,8 +324,9 @@ class Ledger:
         self, *, older_than_seconds: float, dry_run: bool = False, tenant: str | None = None
     ) -> dict[str, Any]:
         """Remove whole task trees in which every task is fully closed and
-        last changed more than ``older_than_seconds`` ago, in short batches.
-        Counts only."""
+        last changed at least ``older_than_seconds`` ago (the cutoff is
+        inclusive, like reconcile's thresholds), in short batches. Counts
+        only."""
         return dict(
             self._core.purge(older_than_seconds=older_than_seconds, dry_run=dry_run, tenant=tenant)
         )

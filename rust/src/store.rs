@@ -212,6 +212,11 @@ impl Store {
         };
         busy::install(&mut store.conn, opts.busy_timeout_ms)?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
+        // Nothing is committed here; set only so `storage_info` tells the
+        // level this handle was opened with, not SQLite's default.
+        store
+            .conn
+            .pragma_update(None, "synchronous", opts.durability.pragma())?;
         store.prepare_read_only_schema()?;
         store.conn.pragma_update(None, "query_only", true)?;
         pin_query_plans(&store.conn)?;
