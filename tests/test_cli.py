@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import pytest
+import task_state_guard as tsg
+
 import taskwarden
+from taskwarden import Ledger
 
 from .conftest import run_cli
 
@@ -107,3 +112,54 @@ def test_help_lists_the_commands() -> None:
     assert proc.returncode == 0
     for command in ("init", "create", "start", "heartbeat", "close", "delivery"):
         assert command in proc.stdout
+
+
+READS = [["stats"], ["list"], ["get", "{id}"], ["budget", "{id}"], ["doctor"]]
+
+
+def _read(db: Path, argv: list[str], task_id: str, *extra: str) -> tuple[int, object, str]:
+    return run_cli("--db", str(db), *[a.format(id=task_id) for a in argv], *extra)
+
+
+@pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
+def test_read_commands_answer_the_same_read_only(db_path: Path, argv: list[str]) -> None:
+    """With --read-only a read command gives the writable answer, and the
+    file keeps every byte and its modification time."""
+    with Ledger(db_path) as ledger:
+        task = ledger.create_task(tenant="acme")
+        ledger.claim(task.id, "w1")
+    writable = _read(db_path, argv, task.id)
+    before = (db_path.read_bytes(), db_path.stat().st_mtime_ns)
+    assert _read(db_path, argv, task.id, "--read-only") == writable
+    assert (db_path.read_bytes(), db_path.stat().st_mtime_ns) == before
+    assert sorted(p.name for p in db_path.parent.iterdir()) == [db_path.name]
+
+
+@pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
+def test_read_only_reads_never_create_a_file(tmp_path: Path, argv: list[str]) -> None:
+    missing = tmp_path / "typo" / "ledger.db"
+    code, out, _ = _read(missing, argv, str(uuid.uuid4()), "--read-only")
+    assert code == 2 and out["ok"] is False
+    assert not missing.parent.exists()
+
+
+@pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
+def test_read_only_reads_never_migrate_a_peer_file(tmp_path: Path, argv: list[str]) -> None:
+    """A task-state-guard 0.1.0 file is read as a migrated one would be, and
+    stays the peer's: its bytes are unchanged and the peer still opens it."""
+    peer_file = tmp_path / "peer.db"
+    peer = tsg.Ledger(peer_file)
+    task = peer.create_task()
+    before = peer_file.read_bytes()
+    code, out, _ = _read(peer_file, argv, task.id, "--read-only")
+    assert code == 0 and out.get("ok", True) is True, out
+    assert peer_file.read_bytes() == before
+    assert tsg.Ledger(peer_file).get_task(task.id).id == task.id
+
+
+@pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
+def test_read_only_refuses_a_negative_snapshot_cap(db_path: Path, argv: list[str]) -> None:
+    Ledger(db_path).close()
+    for mode in ([], ["--read-only"]):
+        code, out, _ = _read(db_path, argv, str(uuid.uuid4()), *mode, "--snapshot-max-mib", "-1")
+        assert (code, out) == (2, {"error": "InvalidInput", "ok": False}), mode

@@ -16,9 +16,12 @@ Opener = Callable[[argparse.Namespace], Ledger]
 _STATUSES = [s.value for s in TaskStatus] + ["pending", "in_progress", "completed"]
 
 
-def add_fleet_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_fleet_commands(
+    sub: Any, common: argparse.ArgumentParser, reading: argparse.ArgumentParser
+) -> None:
     """Add claim, claim-next, release, charge, budget, grant, transition,
-    block, escalate, requeue, cancel and list."""
+    block, escalate, requeue, cancel and list (``budget`` and ``list`` only
+    read, so they take ``reading``'s --read-only options)."""
     claim = sub.add_parser("claim", parents=[common], help="claim one queued task for a worker")
     claim.add_argument("task_id")
     claim.add_argument("--worker", required=True)
@@ -40,7 +43,7 @@ def add_fleet_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     charge.add_argument("--worker")
     charge.add_argument("--attempt", type=int)
 
-    budget = sub.add_parser("budget", parents=[common], help="show budget figures")
+    budget = sub.add_parser("budget", parents=[common, reading], help="show budget figures")
     budget.add_argument("task_id")
 
     grant = sub.add_parser("grant", parents=[common], help="raise a task's limits")
@@ -65,7 +68,7 @@ def add_fleet_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     for name, text in (("requeue", "blocked|escalated -> queued"), ("cancel", "-> cancelled")):
         sub.add_parser(name, parents=[common], help=text).add_argument("task_id")
 
-    lst = sub.add_parser("list", parents=[common], help="list tasks, oldest first")
+    lst = sub.add_parser("list", parents=[common, reading], help="list tasks, oldest first")
     lst.add_argument("--status", choices=_STATUSES)
     lst.add_argument("--tenant")
     lst.add_argument("--owner")

@@ -42,7 +42,9 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
-def _add_lifecycle(sub: Any, common: argparse.ArgumentParser) -> None:
+def _add_lifecycle(
+    sub: Any, common: argparse.ArgumentParser, reading: argparse.ArgumentParser
+) -> None:
     sub.add_parser("init", parents=[common], help="create (or migrate) the ledger file")
 
     create = sub.add_parser("create", parents=[common], help="create a task (idempotent by id)")
@@ -62,9 +64,10 @@ def _add_lifecycle(sub: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("--cost-budget-micros", type=int, help="cost limit in micro-units")
     create.add_argument("--max-attempts", type=int, default=3, help="claims before escalation")
 
-    for name, text in (("start", "queued -> running"), ("get", "show one task")):
-        command = sub.add_parser(name, parents=[common], help=text)
-        command.add_argument("task_id")
+    start = sub.add_parser("start", parents=[common], help="queued -> running")
+    start.add_argument("task_id")
+    get = sub.add_parser("get", parents=[common, reading], help="show one task")
+    get.add_argument("task_id")
 
     heartbeat = sub.add_parser("heartbeat", parents=[common], help="mark a running task alive")
     heartbeat.add_argument("task_id")
@@ -82,7 +85,9 @@ def _add_lifecycle(sub: Any, common: argparse.ArgumentParser) -> None:
     delivery.add_argument("--code", help="reason code from the registry")
 
 
-def _add_recovery(sub: Any, common: argparse.ArgumentParser) -> None:
+def _add_recovery(
+    sub: Any, common: argparse.ArgumentParser, reading: argparse.ArgumentParser
+) -> None:
     rec = sub.add_parser(
         "reconcile",
         parents=[common],
@@ -101,16 +106,10 @@ def _add_recovery(sub: Any, common: argparse.ArgumentParser) -> None:
         default=64,
         help="largest file a dry run copies into memory (default 64)",
     )
-    doctor = sub.add_parser(
-        "doctor", parents=[common], help="integrity and consistency check (exit 1 if unhealthy)"
-    )
-    doctor.add_argument(
-        "--read-only",
-        action="store_true",
-        help="never create, migrate or touch the file (checks a private copy)",
-    )
-    doctor.add_argument(
-        "--snapshot-max-mib", type=int, default=64, help="with --read-only (default 64)"
+    sub.add_parser(
+        "doctor",
+        parents=[common, reading],
+        help="integrity and consistency check (exit 1 if unhealthy)",
     )
     purge = sub.add_parser(
         "purge", parents=[common], help="remove fully closed task trees older than a cutoff"
@@ -118,7 +117,9 @@ def _add_recovery(sub: Any, common: argparse.ArgumentParser) -> None:
     purge.add_argument("--older-than-seconds", type=float, required=True)
     purge.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     purge.add_argument("--tenant")
-    stats = sub.add_parser("stats", parents=[common], help="counts by status, delivery, tenant")
+    stats = sub.add_parser(
+        "stats", parents=[common, reading], help="counts by status, delivery, tenant"
+    )
     stats.add_argument("--tenant")
     demo = sub.add_parser(
         "demo", parents=[common], help="a synthetic restart: preview, apply, recheck"
@@ -146,15 +147,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = _common()
-    _add_lifecycle(sub, common)
-    add_fleet_commands(sub, common)
-    _add_recovery(sub, common)
+    reading = _reading()
+    _add_lifecycle(sub, common, reading)
+    add_fleet_commands(sub, common, reading)
+    _add_recovery(sub, common, reading)
     return parser
+
+
+def _reading() -> argparse.ArgumentParser:
+    """The options of every command that only reads."""
+    reading = SafeArgumentParser(add_help=False)
+    reading.add_argument(
+        "--read-only",
+        action="store_true",
+        help="never create, migrate or touch the file (reads a private copy)",
+    )
+    reading.add_argument(
+        "--snapshot-max-mib", type=int, default=64, help="with --read-only (default 64)"
+    )
+    return reading
 
 
 def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) -> Ledger:
     if args.db is None:
         raise InvalidInput("--db is required for this command")
+    # Checked whether or not it is used: a bad number is bad input either way.
+    if getattr(args, "snapshot_max_mib", 0) < 0:
+        raise InvalidInput("snapshot size must not be negative")
+    if getattr(args, "read_only", False):
+        read_only = True
+        options["snapshot_max_bytes"] = args.snapshot_max_mib * 1024 * 1024
     return Ledger(
         args.db,
         allow_external_acl=args.allow_external_acl,
@@ -236,13 +258,7 @@ def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
-    # Checked whether or not it is used: a bad number is bad input either way.
-    if args.snapshot_max_mib < 0:
-        raise InvalidInput("snapshot size must not be negative")
-    options: dict[str, Any] = {}
-    if args.read_only:
-        options["snapshot_max_bytes"] = args.snapshot_max_mib * 1024 * 1024
-    with _open(args, read_only=args.read_only, **options) as ledger:
+    with _open(args) as ledger:
         report = ledger.doctor()
     return {**report, "_healthy": report["healthy"] is True, "_explain": _doctor_text(report)}
 

@@ -88,8 +88,11 @@ enum Backing {
         identity: Identity,
         euid: u32,
     },
-    /// A read-only view: a live WAL file or a private snapshot.
-    ReadOnly { journal_mode: &'static str },
+    /// A read-only view: a live WAL file or a private snapshot of `file`.
+    ReadOnly {
+        journal_mode: &'static str,
+        file: std::path::PathBuf,
+    },
     /// `Ledger.in_memory()`.
     Memory,
 }
@@ -205,7 +208,10 @@ impl Store {
         };
         let mut store = Store {
             conn,
-            backing: Backing::ReadOnly { journal_mode },
+            backing: Backing::ReadOnly {
+                journal_mode,
+                file: path.file.clone(),
+            },
             busy_timeout_ms: opts.busy_timeout_ms,
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
@@ -231,12 +237,12 @@ impl Store {
             Found::Current => Ok(()),
             Found::Empty => Err(Error::Conflict("read-only database is not initialized")),
             Found::Peer(_) => {
-                if matches!(
-                    self.backing,
-                    Backing::ReadOnly {
-                        journal_mode: "wal"
-                    }
-                ) {
+                if let Backing::ReadOnly {
+                    journal_mode: "wal",
+                    file,
+                } = &self.backing
+                {
+                    let file = file.clone();
                     let mut image = self.conn.serialize(MAIN_DB)?.to_vec();
                     // As in the snapshot: SQLite cannot load a WAL-mode image
                     // into memory until its header says rollback journal.
@@ -251,6 +257,7 @@ impl Store {
                     self.conn = copy;
                     self.backing = Backing::ReadOnly {
                         journal_mode: "memory",
+                        file,
                     };
                 }
                 self.migrate()
@@ -440,13 +447,16 @@ impl Store {
     /// Bytes of the database file and of its WAL (files only).
     #[must_use]
     pub fn file_sizes(&self) -> Option<(u64, u64)> {
-        let Backing::File { path, .. } = &self.backing else {
-            return None;
+        let file = match &self.backing {
+            Backing::File { path, .. } => &path.file,
+            // The file as it is now, read-only or not: sizes touch nothing.
+            Backing::ReadOnly { file, .. } => file,
+            Backing::Memory => return None,
         };
         let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
-        let mut wal = path.file.as_os_str().to_owned();
+        let mut wal = file.as_os_str().to_owned();
         wal.push("-wal");
-        Some((size(&path.file), size(std::path::Path::new(&wal))))
+        Some((size(file), size(std::path::Path::new(&wal))))
     }
 
     /// True for a read-only handle.
@@ -458,7 +468,7 @@ impl Store {
     /// The facts `storage_info` reports.
     pub fn info(&self) -> Result<StorageInfo> {
         let journal_mode = match &self.backing {
-            Backing::ReadOnly { journal_mode } => (*journal_mode).to_string(),
+            Backing::ReadOnly { journal_mode, .. } => (*journal_mode).to_string(),
             _ => self
                 .conn
                 .pragma_query_value(None, "journal_mode", |r| r.get(0))?,
