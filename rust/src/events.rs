@@ -4,6 +4,8 @@
 //! the task row stores the hash of its last event, so an edited, deleted,
 //! inserted or reordered event breaks the chain where doctor can see it.
 
+use rusqlite::functions::Context;
+use rusqlite::types::ValueRef;
 use rusqlite::{params, Transaction};
 use sha2::{Digest, Sha256};
 
@@ -45,11 +47,47 @@ pub struct Event {
     pub grant: Option<(i64, i64, i64)>,
 }
 
-/// The hash of `event` chained onto `prev`. Fields are separated by a byte
-/// that no stored value may contain, and absent values are marked, so two
-/// different events never hash the same input.
+/// The fields an event's hash covers, borrowed: built from an [`Event`]
+/// or straight from SQL arguments without copying them.
+pub struct Fields<'a> {
+    pub task_id: &'a str,
+    pub kind: &'a str,
+    pub from: Option<&'a str>,
+    pub to: &'a str,
+    pub at: f64,
+    pub code: Option<&'a str>,
+    pub worker: Option<&'a str>,
+    pub grant: Option<(i64, i64, i64)>,
+}
+
+impl Event {
+    /// This event's hashed fields.
+    #[must_use]
+    pub fn fields(&self) -> Fields<'_> {
+        Fields {
+            task_id: &self.task_id,
+            kind: &self.kind,
+            from: self.from.as_deref(),
+            to: &self.to,
+            at: self.at,
+            code: self.code.as_deref(),
+            worker: self.worker.as_deref(),
+            grant: self.grant,
+        }
+    }
+}
+
+/// The hash of `event` chained onto `prev`.
 #[must_use]
 pub fn chain_hash(prev: &Hash, event: &Event) -> Hash {
+    hash_fields(prev, &event.fields())
+}
+
+/// The hash of an event with these fields chained onto `prev`. Fields are
+/// separated by a byte that no stored value may contain, and absent values
+/// are marked, so two different events never hash the same input.
+#[must_use]
+pub fn hash_fields(prev: &Hash, event: &Fields<'_>) -> Hash {
     let mut h = Sha256::new();
     h.update(b"taskwarden-event-v1");
     let field = |h: &mut Sha256, value: Option<&str>| {
@@ -60,13 +98,13 @@ pub fn chain_hash(prev: &Hash, event: &Event) -> Hash {
         }
     };
     h.update(prev);
-    field(&mut h, Some(&event.task_id));
-    field(&mut h, Some(&event.kind));
-    field(&mut h, event.from.as_deref());
-    field(&mut h, Some(&event.to));
+    field(&mut h, Some(event.task_id));
+    field(&mut h, Some(event.kind));
+    field(&mut h, event.from);
+    field(&mut h, Some(event.to));
     field(&mut h, std::str::from_utf8(&hex16(event.at.to_bits())).ok());
-    field(&mut h, event.code.as_deref());
-    field(&mut h, event.worker.as_deref());
+    field(&mut h, event.code);
+    field(&mut h, event.worker);
     let grant = event.grant.map(|(c, t, m)| format!("{c}/{t}/{m}"));
     field(&mut h, grant.as_deref());
     h.finalize().into()
@@ -121,21 +159,46 @@ pub fn register_sql_functions(conn: &rusqlite::Connection) -> Result<()> {
         8,
         FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
         |ctx| {
-            let prev: Hash = ctx.get::<Vec<u8>>(0)?.try_into().unwrap_or([0xff; 32]);
-            let event = Event {
-                task_id: ctx.get(1)?,
-                kind: ctx.get(2)?,
-                from: ctx.get(3)?,
-                to: ctx.get(4)?,
+            // Borrowed, not copied: set-based reconcile calls this twice
+            // for every row it changes.
+            let prev: Hash = match ctx.get_raw(0) {
+                ValueRef::Blob(b) => b.try_into().unwrap_or([0xff; 32]),
+                other => return Err(bad_argument(0, other)),
+            };
+            let event = Fields {
+                task_id: required_text(ctx, 1)?,
+                kind: required_text(ctx, 2)?,
+                from: text(ctx, 3)?,
+                to: required_text(ctx, 4)?,
                 at: ctx.get(5)?,
-                code: ctx.get(6)?,
-                worker: ctx.get(7)?,
+                code: text(ctx, 6)?,
+                worker: text(ctx, 7)?,
                 grant: None,
             };
-            Ok(chain_hash(&prev, &event).to_vec())
+            Ok(hash_fields(&prev, &event))
         },
     )?;
     Ok(())
+}
+
+fn bad_argument(index: usize, value: ValueRef<'_>) -> rusqlite::Error {
+    let message = format!("tw_event_hash argument {index} is {}", value.data_type());
+    rusqlite::Error::UserFunctionError(message.into())
+}
+
+/// Argument `index` as text, or `None` for NULL; any other type is an error.
+fn text<'a>(ctx: &'a Context<'_>, index: usize) -> rusqlite::Result<Option<&'a str>> {
+    match ctx.get_raw(index) {
+        ValueRef::Null => Ok(None),
+        ValueRef::Text(t) => std::str::from_utf8(t)
+            .map(Some)
+            .map_err(|e| rusqlite::Error::UserFunctionError(Box::new(e))),
+        other => Err(bad_argument(index, other)),
+    }
+}
+
+fn required_text<'a>(ctx: &'a Context<'_>, index: usize) -> rusqlite::Result<&'a str> {
+    text(ctx, index)?.ok_or_else(|| bad_argument(index, ValueRef::Null))
 }
 
 #[cfg(test)]
@@ -186,5 +249,41 @@ mod tests {
         }
         assert_ne!(chain_hash(&[1; 32], &sample()), base);
         assert_eq!(chain_hash(&GENESIS, &sample()), base);
+    }
+
+    /// The SQL function reconcile uses hashes exactly as the Rust writers
+    /// do, NULLs included, and refuses arguments of the wrong type.
+    #[test]
+    fn the_sql_function_hashes_like_chain_hash() -> Result<()> {
+        let conn = rusqlite::Connection::open_in_memory()?;
+        register_sql_functions(&conn)?;
+        let prev = [7u8; 32];
+        for e in [
+            sample(),
+            Event {
+                from: None,
+                code: None,
+                worker: None,
+                ..sample()
+            },
+        ] {
+            let from_sql: Vec<u8> = conn.query_row(
+                "SELECT tw_event_hash(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![prev, e.task_id, e.kind, e.from, e.to, e.at, e.code, e.worker],
+                |r| r.get(0),
+            )?;
+            assert_eq!(from_sql, chain_hash(&prev, &e));
+        }
+        for bad in [
+            "SELECT tw_event_hash(NULL, 'a', 'b', NULL, 'c', 1.0, NULL, NULL)",
+            "SELECT tw_event_hash(zeroblob(32), 'a', 'b', 5, 'c', 1.0, NULL, NULL)",
+            "SELECT tw_event_hash(zeroblob(32), 'a', NULL, NULL, 'c', 1.0, NULL, NULL)",
+        ] {
+            assert!(
+                conn.query_row(bad, [], |r| r.get::<_, Vec<u8>>(0)).is_err(),
+                "{bad}"
+            );
+        }
+        Ok(())
     }
 }
