@@ -243,8 +243,6 @@ def _cmd_delivery(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
-    if args.snapshot_max_mib is not None and args.snapshot_max_mib < 0:
-        raise InvalidInput("snapshot size must not be negative")
     options = {"snapshot_max_bytes": args.snapshot_max_mib * 1024 * 1024}
     with _open(args, read_only=args.dry_run, **options) as ledger:
         report = ledger.reconcile(
