@@ -430,6 +430,44 @@ def test_unsupported_schema_version_is_refused(db_path: Path, clock: FrozenClock
     assert schema_meta(db_path)["schema_version"] == "9"
 
 
+# Rows the peer's own API never writes, made by hand. Migrated, each would
+# be a v3 file doctor calls unhealthy (and free text would be stored), so
+# the migration refuses the file and leaves it the peer's.
+ROW_DAMAGE = {
+    "free_text_in_an_event": (
+        "UPDATE task_events SET from_value = 'summarise the board minutes' "
+        "WHERE task_id = '{running}' AND event_kind = 'task_transition'"
+    ),
+    "text_in_a_timestamp": "UPDATE tasks SET updated_at = 'yesterday' WHERE id = '{queued}'",
+    "updated_before_created": (
+        "UPDATE tasks SET updated_at = created_at - 1 WHERE id = '{queued}'"
+    ),
+    "task_without_events": "DELETE FROM task_events WHERE task_id = '{queued}'",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(ROW_DAMAGE))
+def test_peer_file_with_rows_taskwarden_never_writes_is_refused_and_left_unchanged(
+    peer_file: PeerFile, damage: str
+) -> None:
+    execute(peer_file.path, ROW_DAMAGE[damage].format(**peer_file.ids))
+    _assert_refused_unchanged(peer_file.path)
+    assert schema_meta(peer_file.path)["schema_version"] == str(peer_file.version)
+
+
+def test_a_foreign_sqlite_file_keeps_every_byte_and_its_journal_mode(db_path: Path) -> None:
+    """Another program's database is refused before anything is switched:
+    it is not even put into WAL mode (header bytes 18-19)."""
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('hello')")
+        conn.commit()
+    db_path.chmod(0o600)
+    assert db_path.read_bytes()[18:20] == bytes([1, 1])
+    _assert_refused_unchanged(db_path)
+    assert db_path.read_bytes()[18:20] == bytes([1, 1])
+
+
 @pytest.mark.parametrize(
     ("role", "column", "value"),
     [

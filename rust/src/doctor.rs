@@ -74,6 +74,13 @@ impl Report {
         self
     }
 
+    /// Every check of the scan passed (SQLite's page-level verdict aside,
+    /// which the caller runs where it can).
+    #[must_use]
+    pub fn logically_sound(&self) -> bool {
+        self.healthy && self.check_violation_count == 0
+    }
+
     fn settle(&mut self) {
         self.healthy = self.quick_check_ok
             && self.schema_ok

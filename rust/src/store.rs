@@ -161,7 +161,7 @@ impl Store {
         let deadline =
             std::time::Instant::now() + Duration::from_millis(u64::from(busy_timeout_ms));
         loop {
-            match self.ensure_wal().and_then(|()| self.ensure_schema()) {
+            match self.judge_then_prepare() {
                 Err(Error::Busy) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -291,6 +291,18 @@ impl Store {
         Ok(())
     }
 
+    /// Judges the file before changing anything about it: a file that is
+    /// not a ledger, or a peer file that fails migration, keeps every byte
+    /// (even its journal mode). Only then is it switched to WAL, and a new
+    /// file given its schema.
+    fn judge_then_prepare(&mut self) -> Result<()> {
+        if let Found::Peer(_) = self.read(|tx| schema::inspect(tx))? {
+            self.migrate_and_compact()?;
+        }
+        self.ensure_wal()?;
+        self.ensure_schema()
+    }
+
     /// Switching to WAL needs the write lock, so it is only asked for when
     /// the file is not in WAL mode yet.
     fn ensure_wal(&mut self) -> Result<()> {
@@ -320,16 +332,18 @@ impl Store {
                 Found::Current => Ok(()),
                 Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
             }),
-            Found::Peer(_) => {
-                self.migrate()?;
-                // The old tables' pages are free now; give them back so the
-                // file is what a fresh v3 ledger of the same tasks would be
-                // (and stays under the read-only snapshot cap longer). Only
-                // an optimisation: a busy reader simply postpones it.
-                self.conn.execute_batch("VACUUM").ok();
-                Ok(())
-            }
+            Found::Peer(_) => self.migrate_and_compact(),
         }
+    }
+
+    fn migrate_and_compact(&mut self) -> Result<()> {
+        self.migrate()?;
+        // The old tables' pages are free now; give them back so the file
+        // holds no more pages than a fresh v3 ledger of the same tasks (and
+        // stays under the read-only snapshot cap longer). Only an
+        // optimisation: a busy reader simply postpones it.
+        self.conn.execute_batch("VACUUM").ok();
+        Ok(())
     }
 
     fn migrate(&mut self) -> Result<()> {
@@ -343,7 +357,17 @@ impl Store {
         let outcome = self.transaction(TransactionBehavior::Immediate, |tx| match schema::inspect(
             tx,
         )? {
-            Found::Peer(_) => schema::migrate_peer(tx),
+            Found::Peer(_) => {
+                schema::migrate_peer(tx)?;
+                // Before commit, every check doctor makes: a peer file with
+                // rows taskwarden would never write (free text, a bad id, a
+                // broken invariant) stays the peer's, untouched.
+                if doctor::check(tx).logically_sound() {
+                    Ok(())
+                } else {
+                    Err(Error::Conflict("legacy database failed validation"))
+                }
+            }
             Found::Current => Ok(()),
             Found::Empty => Err(Error::Conflict("schema changed while opening")),
         });
