@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -163,3 +164,25 @@ def test_read_only_refuses_a_negative_snapshot_cap(db_path: Path, argv: list[str
     for mode in ([], ["--read-only"]):
         code, out, _ = _read(db_path, argv, str(uuid.uuid4()), *mode, "--snapshot-max-mib", "-1")
         assert (code, out) == (2, {"error": "InvalidInput", "ok": False}), mode
+
+
+@pytest.mark.parametrize("sink", ["full", "closed"])
+def test_an_answer_that_cannot_be_written_is_exit_3_without_a_traceback(
+    db_path: Path, sink: str
+) -> None:
+    """stdout on a full disk, or closed: the caller never got its answer.
+    That is exit 3 (internal), never a Python traceback on stderr."""
+    Ledger(db_path).close()
+    argv = [sys.executable, "-m", "taskwarden", "--db", str(db_path), "stats"]
+    if sink == "full":
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True)
+    else:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            preexec_fn=lambda: os.close(1),
+        )
+    assert proc.returncode == 3
+    assert proc.stderr == ""

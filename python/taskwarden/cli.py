@@ -2,13 +2,16 @@
 
 Every command prints one line of JSON with sorted keys (or a readable table
 with --format text). Exit codes: 0 ok, 1 unhealthy doctor, 2 ledger error
-(bad input, conflict, busy, missing task), 3 internal error. Rejected
-arguments are never echoed back.
+(bad input, conflict, busy, missing task), 3 internal error (or an answer
+that could not be written). Rejected arguments are never echoed back.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -332,14 +335,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = COMMANDS[args.command](args)
         healthy = payload.pop("_healthy", True)
         explanation = payload.pop("_explain", None)
+    except LedgerError as exc:
+        said = _say({"ok": False, "error": type(exc).__name__}, fmt)
+        return EXIT_LEDGER_ERROR if said else EXIT_INTERNAL
+    except Exception:
+        _say({"ok": False, "error": "InternalError"}, fmt)
+        return EXIT_INTERNAL
+    if not _say(payload, fmt, explanation):
+        return EXIT_INTERNAL
+    return EXIT_OK if healthy else EXIT_UNHEALTHY
+
+
+def _say(payload: dict[str, Any], fmt: str, explanation: list[str] | None = None) -> bool:
+    """Writes the answer; False when standard output cannot take it (a
+    closed pipe, a full disk): the caller never got its answer, which is an
+    exit 3, never a traceback."""
+    try:
         if fmt == "text" and explanation:
-            print("\n".join(explanation))
+            sys.stdout.write("\n".join(explanation) + "\n")
         else:
             emit(payload, fmt)
-        return EXIT_OK if healthy else EXIT_UNHEALTHY
-    except LedgerError as exc:
-        emit({"ok": False, "error": type(exc).__name__}, fmt)
-        return EXIT_LEDGER_ERROR
-    except Exception:
-        emit({"ok": False, "error": "InternalError"}, fmt)
-        return EXIT_INTERNAL
+        sys.stdout.flush()
+        return True
+    except (OSError, ValueError, AttributeError):
+        # Python flushes standard output once more at exit; aim it at
+        # /dev/null so that flush cannot fail loudly either.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
