@@ -10,7 +10,7 @@ from typing import Any
 from .ledger import Ledger
 from .models import TaskStatus
 
-__all__ = ["FLEET_COMMANDS", "add_fleet_commands", "fleet_command"]
+__all__ = ["FLEET_COMMANDS", "add_fence", "add_fleet_commands", "fleet_command"]
 
 Opener = Callable[[argparse.Namespace], Ledger]
 _STATUSES = [s.value for s in TaskStatus] + ["pending", "in_progress", "completed"]
@@ -24,56 +24,60 @@ def add_fleet_commands(
     read, so they take ``reading``'s --read-only options)."""
     claim = sub.add_parser("claim", parents=[common], help="claim one queued task for a worker")
     claim.add_argument("task_id")
-    claim.add_argument("--worker", required=True)
+    claim.add_argument("--worker", required=True, help="the claiming worker's name")
 
     nxt = sub.add_parser("claim-next", parents=[common], help="claim the oldest queued tasks")
-    nxt.add_argument("--worker", required=True)
-    nxt.add_argument("--tenant")
-    nxt.add_argument("--limit", type=int, default=1)
+    nxt.add_argument("--worker", required=True, help="the claiming worker's name")
+    nxt.add_argument("--tenant", help="only this tenant's tasks")
+    nxt.add_argument("--limit", type=int, default=1, help="how many, 1-10000 (default 1)")
 
     release = sub.add_parser("release", parents=[common], help="the owner gives a task back")
     release.add_argument("task_id")
-    release.add_argument("--worker", required=True)
+    release.add_argument("--worker", required=True, help="the owner")
 
     charge = sub.add_parser("charge", parents=[common], help="meter LLM use before a call")
     charge.add_argument("task_id")
-    charge.add_argument("--calls", type=int, default=1)
-    charge.add_argument("--tokens", type=int, default=0)
-    charge.add_argument("--cost-micros", type=int, default=0)
-    charge.add_argument("--worker")
-    charge.add_argument("--attempt", type=int)
+    charge.add_argument("--calls", type=int, default=1, help="LLM calls (default 1)")
+    charge.add_argument("--tokens", type=int, default=0, help="tokens (default 0)")
+    charge.add_argument(
+        "--cost-micros", type=int, default=0, help="cost in micro-units (default 0)"
+    )
+    add_fence(charge)
 
     budget = sub.add_parser("budget", parents=[common, reading], help="show budget figures")
     budget.add_argument("task_id")
 
     grant = sub.add_parser("grant", parents=[common], help="raise a task's limits")
     grant.add_argument("task_id")
-    grant.add_argument("--calls", type=int, default=0)
-    grant.add_argument("--tokens", type=int, default=0)
-    grant.add_argument("--cost-micros", type=int, default=0)
+    grant.add_argument("--calls", type=int, default=0, help="more LLM calls (default 0)")
+    grant.add_argument("--tokens", type=int, default=0, help="more tokens (default 0)")
+    grant.add_argument(
+        "--cost-micros", type=int, default=0, help="more cost in micro-units (default 0)"
+    )
 
     trans = sub.add_parser("transition", parents=[common], help="compare-and-set a status")
     trans.add_argument("task_id")
-    trans.add_argument("--expected", required=True, choices=_STATUSES)
-    trans.add_argument("--to", required=True, choices=_STATUSES)
-    trans.add_argument("--code")
-    trans.add_argument("--worker")
-    trans.add_argument("--attempt", type=int)
+    trans.add_argument(
+        "--expected", required=True, choices=_STATUSES, help="the status it must have now"
+    )
+    trans.add_argument("--to", required=True, choices=_STATUSES, help="the status to move to")
+    trans.add_argument("--code", help="reason code from the registry")
+    add_fence(trans)
 
     for name, text in (("block", "running -> blocked"), ("escalate", "running -> escalated")):
         command = sub.add_parser(name, parents=[common], help=text)
         command.add_argument("task_id")
-        command.add_argument("--code")
-        command.add_argument("--worker")
+        command.add_argument("--code", help="reason code from the registry")
+        command.add_argument("--worker", help="refuse unless this worker holds the claim")
     for name, text in (("requeue", "blocked|escalated -> queued"), ("cancel", "-> cancelled")):
         sub.add_parser(name, parents=[common], help=text).add_argument("task_id")
 
     lst = sub.add_parser("list", parents=[common, reading], help="list tasks, oldest first")
-    lst.add_argument("--status", choices=_STATUSES)
-    lst.add_argument("--tenant")
-    lst.add_argument("--owner")
-    lst.add_argument("--parent-id")
-    lst.add_argument("--limit", type=int, default=100)
+    lst.add_argument("--status", choices=_STATUSES, help="only tasks in this status")
+    lst.add_argument("--tenant", help="only this tenant's tasks")
+    lst.add_argument("--owner", help="only tasks this worker owns")
+    lst.add_argument("--parent-id", help="only this task's children")
+    lst.add_argument("--limit", type=int, default=100, help="page size, 1-10000 (default 100)")
     lst.add_argument("--after", help="the last id of the previous page")
 
 
@@ -174,3 +178,9 @@ FLEET_COMMANDS = (
 def fleet_command(opener: Opener) -> Callable[[argparse.Namespace], dict[str, Any]]:
     """The handler for every fleet command, opening the ledger with ``opener``."""
     return lambda args: _command(args, opener)
+
+
+def add_fence(command: argparse.ArgumentParser) -> None:
+    """--worker and --attempt: the zombie fence of a write."""
+    command.add_argument("--worker", help="refuse unless this worker holds the claim")
+    command.add_argument("--attempt", type=int, help="refuse unless this is the current attempt")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
-from ._fleet_cli import FLEET_COMMANDS, add_fleet_commands, fleet_command
+from ._fleet_cli import FLEET_COMMANDS, add_fence, add_fleet_commands, fleet_command
 from ._output import emit
 from .errors import InvalidInput, LedgerError
 from .ledger import Ledger
@@ -74,13 +74,13 @@ def _add_lifecycle(
 
     heartbeat = sub.add_parser("heartbeat", parents=[common], help="mark a running task alive")
     heartbeat.add_argument("task_id")
-    _add_fence(heartbeat)
+    add_fence(heartbeat)
 
     close = sub.add_parser("close", parents=[common], help="move a task to a terminal status")
     close.add_argument("task_id")
     close.add_argument("--status", required=True, choices=_TERMINAL)
     close.add_argument("--code", help="reason code from the registry")
-    _add_fence(close)
+    add_fence(close)
 
     delivery = sub.add_parser("delivery", parents=[common], help="record a delivery outcome")
     delivery.add_argument("task_id")
@@ -117,29 +117,29 @@ def _add_recovery(
     purge = sub.add_parser(
         "purge", parents=[common], help="remove fully closed task trees older than a cutoff"
     )
-    purge.add_argument("--older-than-seconds", type=float, required=True)
+    purge.add_argument(
+        "--older-than-seconds",
+        type=float,
+        required=True,
+        help="last change at least this long ago",
+    )
     purge.add_argument("--dry-run", action="store_true", help="count, delete nothing")
-    purge.add_argument("--tenant")
+    purge.add_argument("--tenant", help="only this tenant's trees")
     stats = sub.add_parser(
         "stats", parents=[common, reading], help="counts by status, delivery, tenant"
     )
-    stats.add_argument("--tenant")
+    stats.add_argument("--tenant", help="only this tenant's tasks")
     demo = sub.add_parser(
         "demo", parents=[common], help="a synthetic restart: preview, apply, recheck"
     )
     demo.add_argument("--keep-db", metavar="PATH", help="build the demo ledger here and keep it")
 
 
-def _add_fence(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--worker", help="refuse unless this worker holds the claim")
-    command.add_argument("--attempt", type=int, help="refuse unless this is the current attempt")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (commands are added per capability)."""
     parser = SafeArgumentParser(prog="taskwarden", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--db", help="path of the ledger file")
+    parser.add_argument("--db", metavar="PATH", help="path of the ledger file")
     parser.add_argument(
         "--allow-external-acl",
         action="store_true",
