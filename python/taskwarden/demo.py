@@ -95,25 +95,34 @@ def run_demo(db: str | Path | None = None) -> dict[str, Any]:
 def explain(reports: dict[str, Any]) -> list[str]:
     """The three reports in plain words."""
     p, a, r = reports["preview"], reports["apply"], reports["recheck"]
+    closed_again = r["deliveries_failed"] + r["deliveries_not_applicable"]
     return [
         "A worker fleet crashed. Its ledger still says some tasks are running.",
         "",
-        f"Preview (read-only, nothing written): {p['active_examined']} active tasks examined, "
+        "Preview (read-only, nothing written): "
+        f"{_count(p['active_examined'], 'active task', 'active tasks')} examined, "
         f"{p['tasks_timed_out']} would time out, {p['fresh_active_retained']} kept; "
-        f"{p['pending_delivery_examined']} pending deliveries examined, "
+        f"{_count(p['pending_delivery_examined'], 'pending delivery', 'pending deliveries')} "
+        "examined, "
         f"{p['deliveries_failed']} would fail, {p['deliveries_not_applicable']} would close as "
         f"not applicable, {p['pending_delivery_retained']} kept.",
-        f"Apply: {a['tasks_timed_out']} running tasks timed out (past their deadline or silent "
-        f"for over {ACTIVE_GRACE:.0f} s); {a['deliveries_failed']} deliveries marked failed and "
-        f"{a['deliveries_not_applicable']} internal ones not applicable after "
+        f"Apply: {_count(a['tasks_timed_out'], 'running task', 'running tasks')} timed out "
+        f"(past their deadline or silent for over {ACTIVE_GRACE:.0f} s); "
+        f"{_count(a['deliveries_failed'], 'delivery', 'deliveries')} marked failed and "
+        f"{_count(a['deliveries_not_applicable'], 'internal one', 'internal ones')} "
+        "not applicable after "
         f"{DELIVERY_GRACE / HOUR:.0f} h without a receipt. The task that is still alive and the "
         "queued one were left alone, and no success was guessed.",
         f"Recheck: {r['tasks_timed_out']} timed out, "
-        f"{r['deliveries_failed'] + r['deliveries_not_applicable']} deliveries closed: "
+        f"{_count(closed_again, 'delivery', 'deliveries')} closed: "
         "applying again changes nothing.",
         "",
         *_side_by_side(reports),
     ]
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _side_by_side(reports: dict[str, Any]) -> list[str]:
