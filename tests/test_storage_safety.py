@@ -75,12 +75,14 @@ def test_linked_sidecars_are_refused(tmp_path: Path, suffix: str) -> None:
         Ledger(db)
 
 
-def test_unsafe_parent_is_refused_at_open_and_later(tmp_path: Path) -> None:
+@pytest.mark.parametrize("read_only", [False, True])
+def test_unsafe_parent_is_refused_at_open_and_later(tmp_path: Path, read_only: bool) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)
     db = shared / "ledger.db"
-    ledger = Ledger(db)
-    task = ledger.create_task()
+    with Ledger(db) as writer:
+        task = writer.create_task()
+    ledger = Ledger(db, read_only=read_only)
     shared.chmod(0o777)
     try:
         with pytest.raises(InvalidInput):
@@ -135,6 +137,37 @@ def test_replaced_database_is_detected(tmp_path: Path, clock: FrozenClock) -> No
             ledger.create_task()
     finally:
         ledger.close()
+
+
+@pytest.mark.parametrize("change", ["replaced", "deleted", "hard_linked"])
+@pytest.mark.parametrize("live_wal", [False, True], ids=["snapshot", "live_wal"])
+def test_a_read_only_handle_notices_its_file_changing_identity(
+    tmp_path: Path, change: str, live_wal: bool
+) -> None:
+    """Like a writable one: the next call after the file was replaced,
+    deleted or given a second name is a StateConflict, not a quiet answer
+    from a file that is no longer the one opened."""
+    db = tmp_path / "ledger.db"
+    writer = Ledger(db)
+    task = writer.create_task()
+    if not live_wal:
+        writer.close()
+    reader = Ledger(db, read_only=True)
+    assert reader.get_task(task.id) == task
+    if change == "replaced":
+        impostor = tmp_path / "impostor.db"
+        Ledger(impostor).close()
+        os.replace(impostor, db)
+    elif change == "deleted":
+        db.unlink()
+    else:
+        os.link(db, tmp_path / "second-name.db")
+    try:
+        with pytest.raises(StateConflict):
+            reader.get_task(task.id)
+    finally:
+        reader.close()
+        writer.close()
 
 
 def test_durability_full_switches_synchronous(tmp_path: Path) -> None:

@@ -88,10 +88,13 @@ enum Backing {
         identity: Identity,
         euid: u32,
     },
-    /// A read-only view: a live WAL file or a private snapshot of `file`.
+    /// A read-only view: a live WAL file or a private snapshot of `path`,
+    /// which is checked before every operation like a writable file.
     ReadOnly {
         journal_mode: &'static str,
-        file: std::path::PathBuf,
+        path: DbPath,
+        identity: Identity,
+        euid: u32,
     },
     /// `Ledger.in_memory()`.
     Memory,
@@ -210,7 +213,9 @@ impl Store {
             conn,
             backing: Backing::ReadOnly {
                 journal_mode,
-                file: path.file.clone(),
+                path,
+                identity,
+                euid: opts.euid,
             },
             busy_timeout_ms: opts.busy_timeout_ms,
             durability: opts.durability,
@@ -239,10 +244,12 @@ impl Store {
             Found::Peer(_) => {
                 if let Backing::ReadOnly {
                     journal_mode: "wal",
-                    file,
+                    path,
+                    identity,
+                    euid,
                 } = &self.backing
                 {
-                    let file = file.clone();
+                    let (path, identity, euid) = (path.clone(), *identity, *euid);
                     let mut image = self.conn.serialize(MAIN_DB)?.to_vec();
                     // As in the snapshot: SQLite cannot load a WAL-mode image
                     // into memory until its header says rollback journal.
@@ -257,7 +264,9 @@ impl Store {
                     self.conn = copy;
                     self.backing = Backing::ReadOnly {
                         journal_mode: "memory",
-                        file,
+                        path,
+                        identity,
+                        euid,
                     };
                 }
                 self.migrate()
@@ -381,16 +390,23 @@ impl Store {
     /// were checked at open; walking them again on every call cost a stat
     /// per path component for each operation (the peer's weak spot #2).
     fn verify(&self) -> Result<()> {
-        if let Backing::File {
-            path,
-            identity,
-            euid,
-        } = &self.backing
-        {
-            fsguard::verify_identity(path, *identity)?;
-            fsguard::check_direct_parent(path, *euid)?;
+        match &self.backing {
+            Backing::File {
+                path,
+                identity,
+                euid,
+            }
+            | Backing::ReadOnly {
+                path,
+                identity,
+                euid,
+                ..
+            } => {
+                fsguard::verify_identity(path, *identity)?;
+                fsguard::check_direct_parent(path, *euid)
+            }
+            Backing::Memory => Ok(()),
         }
-        Ok(())
     }
 
     fn transaction<T>(
@@ -472,9 +488,8 @@ impl Store {
     #[must_use]
     pub fn file_sizes(&self) -> Option<(u64, u64)> {
         let file = match &self.backing {
-            Backing::File { path, .. } => &path.file,
             // The file as it is now, read-only or not: sizes touch nothing.
-            Backing::ReadOnly { file, .. } => file,
+            Backing::File { path, .. } | Backing::ReadOnly { path, .. } => &path.file,
             Backing::Memory => return None,
         };
         let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
