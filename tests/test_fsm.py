@@ -255,6 +255,10 @@ def test_terminal_same_status_is_a_noop_only_when_expected_matches(
     dump = logical_dump(db_path)
     assert ledger.transition(task.id, stored, stored) == task
     assert ledger.close_task(task.id, stored) == task
+    # The no-op ignores its code, however odd, as close_task does (peer rule).
+    for code in ("worker_failed", "not a code!"):
+        assert ledger.transition(task.id, stored, stored, code=code) == task
+        assert ledger.close_task(task.id, stored, code=code) == task
     assert logical_dump(db_path) == dump
     for expected in ALL:
         if expected is not stored:

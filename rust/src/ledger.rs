@@ -370,7 +370,9 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let id = convert::task_id(task_id)?;
         let (expected, to) = (convert::task_status(expected)?, convert::task_status(to)?);
-        let code = convert::opt_code(code)?;
+        // As in close_task: judged only when written, so the same terminal
+        // status again ignores its code (SPEC 2.2.1).
+        let code = convert::opt_text(code, "reason code has an invalid format")?;
         let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {
             tasks::compare_and_set(tx, &id, expected, to, code.as_deref(), &fence, clock)
