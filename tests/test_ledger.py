@@ -225,6 +225,18 @@ def test_calls_after_close_conflict(db_path, clock: FrozenClock) -> None:
     ledger.close()
     with pytest.raises(StateConflict):
         ledger.get_task(task.id)
+    # Closed is closed for every call, bad arguments included, and closing
+    # again is harmless.
+    for call in (
+        lambda: ledger.get_task("not an id"),
+        lambda: ledger.claim_next("bad worker!"),
+        lambda: ledger.charge(task.id, calls=-1),
+        ledger.storage_info,
+        ledger.doctor,
+    ):
+        with pytest.raises(StateConflict):
+            call()
+    ledger.close()
     assert sorted(p.name for p in db_path.parent.iterdir()) == ["ledger.db"]
 
 

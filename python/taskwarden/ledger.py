@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _core
-from .errors import InvalidInput
+from .errors import InvalidInput, StateConflict
 from .models import Charge, DeliveryStatus, Task, TaskStatus
 
 __all__ = ["Clock", "Ledger"]
@@ -20,6 +20,20 @@ Clock = Callable[[], float]
 
 def _geteuid() -> int:
     return os.geteuid() if hasattr(os, "geteuid") else 0
+
+
+class _ClosedCore:
+    """What a closed ledger's calls reach: each is a ``StateConflict``,
+    before any argument is looked at (a closed ledger is closed for all)."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise StateConflict("ledger is closed")
+
+        return refuse
+
+
+_CLOSED: Any = _ClosedCore()
 
 
 class Ledger:
@@ -104,7 +118,9 @@ class Ledger:
 
     def close(self) -> None:
         """Release the connection; later calls raise ``StateConflict``."""
-        self._core.close()
+        if self._core is not _CLOSED:
+            self._core.close()
+            self._core = _CLOSED
 
     def create_task(
         self,
