@@ -298,6 +298,11 @@ def test_live_wal_is_read_in_place(tmp_path: Path) -> None:
         names = sorted(os.listdir(path.parent))
         assert names == ["ledger.db", "ledger.db-shm", "ledger.db-wal"]
         before = {n: (path.parent / n).stat().st_mode for n in names}
+        # Not even SQLite's read marks in -shm: the holder is idle, so every
+        # byte and time stamp of all three files must stay as it is.
+        contents = {
+            n: ((path.parent / n).read_bytes(), (path.parent / n).stat().st_mtime_ns) for n in names
+        }
         with Ledger(path, read_only=True, clock=FrozenClock(time.time() + 60.0)) as reader:
             assert reader.storage_info()["journal_mode"] == "wal"
             assert reader.get_task(new).status == "running"
@@ -310,8 +315,13 @@ def test_live_wal_is_read_in_place(tmp_path: Path) -> None:
                 reader.reconcile(active_grace_seconds=600.0, delivery_grace_seconds=3600.0)
         # The scenario (all stale now) plus the holder's fresh running task.
         assert counts(report) == expect(7, 4, 9, 3, 2)
+        code, _, _ = run_cli("--db", str(path), "stats", "--read-only")
+        assert code == 0
         assert sorted(os.listdir(path.parent)) == names
         assert {n: (path.parent / n).stat().st_mode for n in names} == before
+        assert contents == {
+            n: ((path.parent / n).read_bytes(), (path.parent / n).stat().st_mtime_ns) for n in names
+        }
     with Ledger(path) as ledger:
         assert ledger.get_task(ids["r_stale"]).status == "running"  # nothing was applied
 

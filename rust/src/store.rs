@@ -198,7 +198,13 @@ impl Store {
                 let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
                     | OpenFlags::SQLITE_OPEN_NO_MUTEX
                     | OpenFlags::SQLITE_OPEN_URI;
-                let uri = format!("file:{}?mode=ro", uri_escape(&path.file.to_string_lossy()));
+                // readonly_shm: SQLite opens -shm read-only too, so not even
+                // its read marks are written (it reads the WAL index into
+                // private memory where it must); the sidecars keep every byte.
+                let uri = format!(
+                    "file:{}?mode=ro&readonly_shm=1",
+                    uri_escape(&path.file.to_string_lossy())
+                );
                 let conn = Connection::open_with_flags(uri, flags)
                     .map_err(|_| Error::Conflict("database connection failed"))?;
                 fsguard::verify_identity(&path, identity)?;
