@@ -187,3 +187,18 @@ pub fn load(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<Connect
     }
     Ok(conn)
 }
+
+/// A private in-memory copy of the database `conn` reads (a live WAL
+/// file, say), so that it can be changed without touching the file.
+pub fn copy_of(conn: &mut Connection) -> Result<Connection> {
+    let mut image = conn.serialize(MAIN_DB)?.to_vec();
+    // As in `load`: SQLite cannot load a WAL-mode image into memory until
+    // its header says rollback journal.
+    if image.len() >= 20 {
+        image[18] = 1;
+        image[19] = 1;
+    }
+    let mut copy = Connection::open_in_memory()?;
+    copy.deserialize_read_exact(MAIN_DB, &image[..], image.len(), false)?;
+    Ok(copy)
+}

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior, MAIN_DB};
+use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
 use crate::busy;
 use crate::doctor;
@@ -183,7 +183,7 @@ impl Store {
             external_acl: false,
         };
         store.configure()?;
-        store.ensure_schema()?;
+        store.create_schema()?;
         Ok(store)
     }
 
@@ -248,32 +248,13 @@ impl Store {
             Found::Current => Ok(()),
             Found::Empty => Err(Error::Conflict("read-only database is not initialized")),
             Found::Peer(_) => {
-                if let Backing::ReadOnly {
-                    journal_mode: "wal",
-                    path,
-                    identity,
-                    euid,
-                } = &self.backing
-                {
-                    let (path, identity, euid) = (path.clone(), *identity, *euid);
-                    let mut image = self.conn.serialize(MAIN_DB)?.to_vec();
-                    // As in the snapshot: SQLite cannot load a WAL-mode image
-                    // into memory until its header says rollback journal.
-                    if image.len() >= 20 {
-                        image[18] = 1;
-                        image[19] = 1;
+                if let Backing::ReadOnly { journal_mode, .. } = &mut self.backing {
+                    if *journal_mode == "wal" {
+                        *journal_mode = "memory";
+                        let copy = snapshot::copy_of(&mut self.conn)?;
+                        events::register_sql_functions(&copy)?;
+                        self.conn = copy;
                     }
-                    let mut copy = Connection::open_in_memory()?;
-                    copy.deserialize_read_exact(MAIN_DB, &image[..], image.len(), false)?;
-                    drop(image);
-                    events::register_sql_functions(&copy)?;
-                    self.conn = copy;
-                    self.backing = Backing::ReadOnly {
-                        journal_mode: "memory",
-                        path,
-                        identity,
-                        euid,
-                    };
                 }
                 self.migrate()
             }
@@ -311,11 +292,15 @@ impl Store {
     /// (even its journal mode). Only then is it switched to WAL, and a new
     /// file given its schema.
     fn judge_then_prepare(&mut self) -> Result<()> {
-        if let Found::Peer(_) = self.read(|tx| schema::inspect(tx))? {
+        let found = self.read(|tx| schema::inspect(tx))?;
+        if let Found::Peer(_) = found {
             self.migrate_and_compact()?;
         }
         self.ensure_wal()?;
-        self.ensure_schema()
+        if found == Found::Empty {
+            self.create_schema()?;
+        }
+        Ok(())
     }
 
     /// Switching to WAL needs the write lock, so it is only asked for when
@@ -337,18 +322,14 @@ impl Store {
         }
     }
 
-    /// Checks the schema under a read transaction; only a new or older file
-    /// takes the write lock, and then checks again under it.
-    fn ensure_schema(&mut self) -> Result<()> {
-        match self.read(|tx| schema::inspect(tx))? {
+    /// Gives a new file its schema, judged again under the write lock:
+    /// another process opening the same new file may have been first.
+    fn create_schema(&mut self) -> Result<()> {
+        self.write(|tx| match schema::inspect(tx)? {
+            Found::Empty => schema::create(tx),
             Found::Current => Ok(()),
-            Found::Empty => self.write(|tx| match schema::inspect(tx)? {
-                Found::Empty => schema::create(tx),
-                Found::Current => Ok(()),
-                Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
-            }),
-            Found::Peer(_) => self.migrate_and_compact(),
-        }
+            Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
+        })
     }
 
     fn migrate_and_compact(&mut self) -> Result<()> {
