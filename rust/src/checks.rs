@@ -17,9 +17,11 @@ use crate::validate;
 /// Every CHECK of `tasks` in the DDL, joined: a row violates one when this
 /// is false (NULL passes, as in SQLite).
 const TASK_CHECKS: &str = "
-    status IN ('queued','running','blocked','escalated',
-               'succeeded','failed','timed_out','cancelled')
-    AND delivery_status IN ('pending','delivered','failed','not_applicable')
+    (status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated'
+        OR status = 'succeeded' OR status = 'failed' OR status = 'timed_out'
+        OR status = 'cancelled')
+    AND (delivery_status = 'pending' OR delivery_status = 'delivered'
+        OR delivery_status = 'failed' OR delivery_status = 'not_applicable')
     AND delivery_required IN (0,1)
     AND (payload_hash IS NULL OR (
         length(payload_hash) = 64 AND payload_hash NOT GLOB '*[^0-9a-f]*'))
@@ -39,13 +41,14 @@ const TASK_CHECKS: &str = "
     AND (parent_id IS NULL OR parent_id <> id)
     AND (deadline_at IS NULL OR started_at IS NOT NULL)
     AND (
-        (status IN ('queued','running','blocked','escalated') AND ended_at IS NULL) OR
-        (status IN ('succeeded','failed','timed_out','cancelled') AND ended_at IS NOT NULL)
+        (ended_at IS NULL)
+        = (status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated')
     )";
 
 /// Every CHECK of `task_events` in the DDL, joined.
 const EVENT_CHECKS: &str = "
-    event_kind IN ('created','task_transition','delivery_transition','budget_granted')
+    (event_kind = 'created' OR event_kind = 'task_transition'
+        OR event_kind = 'delivery_transition' OR event_kind = 'budget_granted')
     AND length(event_hash) = 32";
 
 /// A task row that decoded with the expected types (so each CHECK has

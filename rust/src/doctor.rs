@@ -126,7 +126,9 @@ pub fn check(tx: &Transaction<'_>) -> Report {
     let mut report = Report::empty();
     report.quick_check_ok = true;
     report.schema_version = stored_version(tx);
-    report.schema_ok = matches!(schema::inspect(tx), Ok(Found::Current));
+    // A first-layout file (read-only, not yet upgraded) has the same
+    // constraints in other words: its schema is sound.
+    report.schema_ok = matches!(schema::inspect(tx), Ok(Found::Current | Found::FirstLayout));
     if !report.schema_ok {
         report.doctor_error_count = 1;
         report.settle();

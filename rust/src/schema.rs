@@ -23,6 +23,13 @@ pub const SCHEMA_VERSION: i64 = 3;
 pub const PEER_FINGERPRINT: &str =
     "50ae209ec97afb360e142cfae85767f575acc2a065103f5b642bfd0c141e08f6";
 
+/// The fingerprint of the first v3 layout, written by taskwarden builds
+/// before its CHECKs gave up `IN` lists. Its constraints mean exactly what
+/// the current ones mean, so such a file is upgraded in place on its first
+/// writable open (only the tables' stored text changes), and read as it is.
+pub const FIRST_LAYOUT_FINGERPRINT: &str =
+    "982ad3385d1ee3cb3bf59c616f18e2eb60bbc49373064357ea19cce3eca06f27";
+
 const PEER_OBJECTS: [&str; 6] = [
     "schema_meta",
     "task_events",
@@ -33,7 +40,13 @@ const PEER_OBJECTS: [&str; 6] = [
 ];
 
 /// The v3 DDL. Statement text is part of the fingerprint: change nothing
-/// here without a new schema version and a migration.
+/// here without a way for files of the old text to reach the new one (a
+/// new schema version and a migration, or a layout upgrade as below).
+///
+/// The CHECKs spell their lists of values as `=` comparisons, never as
+/// `IN (...)`: SQLite builds a temporary index for an `IN` list of three or
+/// more values on every run of a statement that evaluates it, which made
+/// that a third of the cost of a claim (see [`FIRST_LAYOUT_FINGERPRINT`]).
 ///
 /// Every index but the events' is partial: it holds only the rows some
 /// query looks for (queued tasks to claim, running tasks to reconcile,
@@ -48,11 +61,13 @@ CREATE TABLE tasks (
     id TEXT PRIMARY KEY,
     parent_id TEXT REFERENCES tasks(id),
     status TEXT NOT NULL CHECK (
-        status IN ('queued','running','blocked','escalated',
-                   'succeeded','failed','timed_out','cancelled')
+        status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated'
+        OR status = 'succeeded' OR status = 'failed' OR status = 'timed_out'
+        OR status = 'cancelled'
     ),
     delivery_status TEXT NOT NULL CHECK (
-        delivery_status IN ('pending','delivered','failed','not_applicable')
+        delivery_status = 'pending' OR delivery_status = 'delivered'
+        OR delivery_status = 'failed' OR delivery_status = 'not_applicable'
     ),
     delivery_required INTEGER NOT NULL CHECK (delivery_required IN (0,1)),
     payload_hash TEXT CHECK (
@@ -85,15 +100,16 @@ CREATE TABLE tasks (
     CHECK (parent_id IS NULL OR parent_id <> id),
     CHECK (deadline_at IS NULL OR started_at IS NOT NULL),
     CHECK (
-        (status IN ('queued','running','blocked','escalated') AND ended_at IS NULL) OR
-        (status IN ('succeeded','failed','timed_out','cancelled') AND ended_at IS NOT NULL)
+        (ended_at IS NULL)
+        = (status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated')
     )
 );
 CREATE TABLE task_events (
     sequence INTEGER PRIMARY KEY,
     task_id TEXT NOT NULL REFERENCES tasks(id),
     event_kind TEXT NOT NULL CHECK (
-        event_kind IN ('created','task_transition','delivery_transition','budget_granted')
+        event_kind = 'created' OR event_kind = 'task_transition'
+        OR event_kind = 'delivery_transition' OR event_kind = 'budget_granted'
     ),
     from_value TEXT,
     to_value TEXT NOT NULL,
@@ -124,6 +140,9 @@ pub enum Found {
     Peer(i64),
     /// A current taskwarden file.
     Current,
+    /// A taskwarden file of the first v3 layout: readable as it is, and
+    /// upgraded by [`upgrade_first_layout`] before anything is written.
+    FirstLayout,
 }
 
 /// The fingerprint of the schema objects in `conn`'s main database: SHA-256
@@ -230,12 +249,13 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
     let fp = fingerprint(conn)?;
     match version.as_str() {
         "3" => {
-            let exact = meta.len() == 2
-                && meta.get("schema_fingerprint").map(String::as_str)
-                    == Some(current_fingerprint()?)
-                && fp == current_fingerprint()?;
-            if exact {
+            let stored = meta.get("schema_fingerprint").map(String::as_str);
+            let exact =
+                |expected: &str| meta.len() == 2 && stored == Some(expected) && fp == expected;
+            if exact(current_fingerprint()?) {
                 Ok(Found::Current)
+            } else if exact(FIRST_LAYOUT_FINGERPRINT) {
+                Ok(Found::FirstLayout)
             } else {
                 Err(MISMATCH)
             }
@@ -293,6 +313,45 @@ fn write_meta(tx: &Transaction<'_>) -> Result<()> {
         "INSERT INTO schema_meta(key, value) VALUES ('schema_version', ?1), ('schema_fingerprint', ?2)",
         params![SCHEMA_VERSION.to_string(), current_fingerprint()?],
     )?;
+    Ok(())
+}
+
+/// Brings a file of the first v3 layout to the current one inside `tx`:
+/// each table's stored `CREATE TABLE` text becomes a fresh file's. Only the
+/// CHECKs' spelling differs, never their meaning, so every row and page
+/// stays valid as it is, and SQLite's documented way to change a CHECK
+/// applies: edit `sqlite_master` and bump the schema cookie, so that every
+/// other connection reloads the schema. The caller reloads its own after
+/// commit (`PRAGMA writable_schema = RESET`).
+pub fn upgrade_first_layout(tx: &Transaction<'_>) -> Result<()> {
+    let fresh = Connection::open_in_memory()?;
+    fresh.execute_batch(DDL)?;
+    let mut tables = fresh.prepare(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+    )?;
+    let tables = tables
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let cookie: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    tx.execute_batch("PRAGMA writable_schema = ON")?;
+    let edited = tables.iter().try_for_each(|(name, sql)| {
+        tx.execute(
+            "UPDATE sqlite_master SET sql = ?2 WHERE type = 'table' AND name = ?1",
+            params![name, sql],
+        )
+        .map(drop)
+    });
+    // Off again before anything can fail out of this function.
+    let closed = tx.execute_batch("PRAGMA writable_schema = OFF");
+    edited?;
+    closed?;
+    tx.execute_batch(&format!("PRAGMA schema_version = {}", cookie + 1))?;
+    write_meta(tx)?;
+    if fingerprint(tx)? != current_fingerprint()? {
+        return Err(Error::Internal(
+            "layout upgrade did not produce the v3 schema",
+        ));
+    }
     Ok(())
 }
 
@@ -509,5 +568,95 @@ mod tests {
         let mut s = String::new();
         push_json_string(&mut s, "a\"b\\c\u{e9}");
         assert_eq!(s, r#""a\"b\\c\u00e9""#);
+    }
+
+    /// The CHECKs as the first v3 layout spelled them, and as now.
+    const FIRST_LAYOUT_SPELLINGS: [(&str, &str); 4] = [
+        (
+            "status IN ('queued','running','blocked','escalated',
+                   'succeeded','failed','timed_out','cancelled')",
+            "status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated'
+        OR status = 'succeeded' OR status = 'failed' OR status = 'timed_out'
+        OR status = 'cancelled'",
+        ),
+        (
+            "delivery_status IN ('pending','delivered','failed','not_applicable')",
+            "delivery_status = 'pending' OR delivery_status = 'delivered'
+        OR delivery_status = 'failed' OR delivery_status = 'not_applicable'",
+        ),
+        (
+            "(status IN ('queued','running','blocked','escalated') AND ended_at IS NULL) OR
+        (status IN ('succeeded','failed','timed_out','cancelled') AND ended_at IS NOT NULL)",
+            "(ended_at IS NULL)
+        = (status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated')",
+        ),
+        (
+            "event_kind IN ('created','task_transition','delivery_transition','budget_granted')",
+            "event_kind = 'created' OR event_kind = 'task_transition'
+        OR event_kind = 'delivery_transition' OR event_kind = 'budget_granted'",
+        ),
+    ];
+
+    /// A file as the first v3 layout wrote it: its DDL and its metadata.
+    fn first_layout() -> Result<Connection> {
+        let ddl = FIRST_LAYOUT_SPELLINGS
+            .iter()
+            .fold(DDL.to_owned(), |ddl, (old, new)| {
+                assert!(ddl.contains(new));
+                ddl.replace(new, old)
+            });
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch(&ddl)?;
+        conn.execute(
+            "INSERT INTO schema_meta VALUES ('schema_version', '3'), ('schema_fingerprint', ?1)",
+            [FIRST_LAYOUT_FINGERPRINT],
+        )?;
+        Ok(conn)
+    }
+
+    /// How many temporary indexes one run of `sql` builds.
+    fn temporary_indexes(conn: &Connection, sql: &str) -> Result<usize> {
+        let mut stmt = conn.prepare(&format!("EXPLAIN {sql}"))?;
+        let unbound = vec![rusqlite::types::Null; stmt.parameter_count()];
+        let ops = stmt.query_map(rusqlite::params_from_iter(unbound), |r| {
+            r.get::<_, String>(1)
+        })?;
+        let ops = ops.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(ops.iter().filter(|op| *op == "OpenEphemeral").count())
+    }
+
+    const CLAIM_UPDATE: &str = "UPDATE tasks SET status = ?1, owner = ?2 WHERE id = ?3";
+    const EVENT_INSERT: &str = "INSERT INTO task_events (task_id, event_kind, to_value, \
+                                occurred_at, event_hash) VALUES (?1, ?2, ?3, ?4, ?5)";
+
+    #[test]
+    fn status_writes_build_no_temporary_index() -> Result<()> {
+        let mut conn = Connection::open_in_memory()?;
+        let tx = conn.transaction()?;
+        create(&tx)?;
+        tx.commit()?;
+        assert_eq!(temporary_indexes(&conn, CLAIM_UPDATE)?, 0);
+        assert_eq!(temporary_indexes(&conn, EVENT_INSERT)?, 0);
+        // What the first layout cost on every claim, for contrast.
+        let old = first_layout()?;
+        assert!(temporary_indexes(&old, CLAIM_UPDATE)? >= 2);
+        assert_eq!(temporary_indexes(&old, EVENT_INSERT)?, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn the_first_layout_is_recognised_and_upgraded_in_place() -> Result<()> {
+        let mut conn = first_layout()?;
+        assert_eq!(fingerprint(&conn)?, FIRST_LAYOUT_FINGERPRINT);
+        assert_eq!(inspect(&conn)?, Found::FirstLayout);
+        let tx = conn.transaction()?;
+        upgrade_first_layout(&tx)?;
+        tx.commit()?;
+        conn.execute_batch("PRAGMA writable_schema = RESET")?;
+        assert_eq!(inspect(&conn)?, Found::Current);
+        assert_eq!(temporary_indexes(&conn, CLAIM_UPDATE)?, 0);
+        let writable: i64 = conn.query_row("PRAGMA writable_schema", [], |r| r.get(0))?;
+        assert_eq!(writable, 0);
+        Ok(())
     }
 }

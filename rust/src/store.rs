@@ -245,7 +245,8 @@ impl Store {
     /// and the file itself is never touched.
     fn prepare_read_only_schema(&mut self) -> Result<()> {
         match self.read(|tx| schema::inspect(tx))? {
-            Found::Current => Ok(()),
+            // The first layout's CHECKs mean the same; reads need no upgrade.
+            Found::Current | Found::FirstLayout => Ok(()),
             Found::Empty => Err(Error::Conflict("read-only database is not initialized")),
             Found::Peer(_) => {
                 if let Backing::ReadOnly { journal_mode, .. } = &mut self.backing {
@@ -297,9 +298,23 @@ impl Store {
             self.migrate_and_compact()?;
         }
         self.ensure_wal()?;
-        if found == Found::Empty {
-            self.create_schema()?;
+        match found {
+            Found::Empty => self.create_schema(),
+            Found::FirstLayout => self.upgrade_layout(),
+            Found::Peer(_) | Found::Current => Ok(()),
         }
+    }
+
+    /// A file of the first v3 layout gets the current one, judged again
+    /// under the write lock (another process may have upgraded it first).
+    fn upgrade_layout(&mut self) -> Result<()> {
+        self.write(|tx| match schema::inspect(tx)? {
+            Found::FirstLayout => schema::upgrade_first_layout(tx),
+            Found::Current => Ok(()),
+            Found::Empty | Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
+        })?;
+        // This connection read the old CHECKs before the edit; reload them.
+        self.conn.execute_batch("PRAGMA writable_schema = RESET")?;
         Ok(())
     }
 
@@ -328,7 +343,9 @@ impl Store {
         self.write(|tx| match schema::inspect(tx)? {
             Found::Empty => schema::create(tx),
             Found::Current => Ok(()),
-            Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
+            Found::Peer(_) | Found::FirstLayout => {
+                Err(Error::Conflict("schema changed while opening"))
+            }
         })
     }
 
@@ -365,7 +382,9 @@ impl Store {
                 }
             }
             Found::Current => Ok(()),
-            Found::Empty => Err(Error::Conflict("schema changed while opening")),
+            Found::Empty | Found::FirstLayout => {
+                Err(Error::Conflict("schema changed while opening"))
+            }
         });
         self.conn.pragma_update(None, "foreign_keys", true)?;
         self.conn.pragma_update(None, "cache_size", CACHE_KIB)?;
