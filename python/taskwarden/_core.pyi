@@ -3,13 +3,14 @@
 from collections.abc import Callable
 from typing import Any
 
+from .models import Task
+
 __version__: str
 SCHEMA_VERSION: int
 DEFAULT_SNAPSHOT_MAX_BYTES: int
 REASON_CODES: tuple[str, ...]
 TRANSITIONS: dict[str, tuple[str, ...]]
 
-TaskRow = tuple[Any, ...]
 ChargeRow = tuple[Any, ...]
 
 def payload_fingerprint(payload: str | bytes) -> str:
@@ -54,14 +55,14 @@ class LedgerCore:
         token_budget: object,
         cost_budget_micros: object,
         max_attempts: object,
-    ) -> TaskRow:
+    ) -> Task:
         """Create (or idempotently return) a task."""
-    def get_task(self, task_id: object) -> TaskRow: ...
-    def children_of(self, task_id: object) -> list[TaskRow]: ...
-    def start_task(self, task_id: object) -> TaskRow: ...
+    def get_task(self, task_id: object) -> Task: ...
+    def children_of(self, task_id: object) -> list[Task]: ...
+    def start_task(self, task_id: object) -> Task: ...
     def heartbeat(
         self, task_id: object, *, worker: object = None, attempt: object = None
-    ) -> TaskRow: ...
+    ) -> Task: ...
     def close_task(
         self,
         task_id: object,
@@ -70,8 +71,8 @@ class LedgerCore:
         code: object = None,
         worker: object = None,
         attempt: object = None,
-    ) -> TaskRow: ...
-    def set_delivery(self, task_id: object, status: object, *, code: object = None) -> TaskRow: ...
+    ) -> Task: ...
+    def set_delivery(self, task_id: object, status: object, *, code: object = None) -> Task: ...
     def reconcile(
         self,
         *,
@@ -82,11 +83,11 @@ class LedgerCore:
         tenant: object = None,
     ) -> dict[str, Any]:
         """Time out lost running tasks and expire pending deliveries (or count them)."""
-    def claim(self, task_id: object, worker: object) -> TaskRow | None:
+    def claim(self, task_id: object, worker: object) -> Task | None:
         """queued -> running owned by ``worker``; None if not queued."""
-    def claim_next(self, worker: object, *, tenant: object = None, limit: object) -> list[TaskRow]:
+    def claim_next(self, worker: object, *, tenant: object = None, limit: object) -> list[Task]:
         """Claim up to ``limit`` oldest queued tasks in one transaction."""
-    def release(self, task_id: object, worker: object) -> TaskRow:
+    def release(self, task_id: object, worker: object) -> Task:
         """The owner gives a running task back (or it escalates)."""
     def transition(
         self,
@@ -97,15 +98,13 @@ class LedgerCore:
         code: object = None,
         worker: object = None,
         attempt: object = None,
-    ) -> TaskRow:
+    ) -> Task:
         """Compare-and-set along the transition table."""
     def move_to(
         self, task_id: object, to: object, *, code: object = None, worker: object = None
-    ) -> TaskRow:
+    ) -> Task:
         """block / escalate / requeue / cancel from the current status."""
-    def grant(
-        self, task_id: object, *, calls: object, tokens: object, cost_micros: object
-    ) -> TaskRow:
+    def grant(self, task_id: object, *, calls: object, tokens: object, cost_micros: object) -> Task:
         """Raise a task's limits."""
     def charge(
         self,
@@ -129,7 +128,7 @@ class LedgerCore:
         parent_id: object = None,
         limit: object,
         after: object = None,
-    ) -> list[TaskRow]:
+    ) -> list[Task]:
         """Keyset-paged listing, oldest first."""
     def delete_task(self, task_id: object) -> None:
         """Delete one fully closed task without children."""

@@ -140,38 +140,36 @@ class Ledger:
         created again with the same immutable fields (parent, payload hash,
         timeout, delivery, tenant, max_attempts; budget limits are not
         compared, ``grant`` raises them)."""
-        return Task._from_core(
-            self._core.create_task(
-                task_id=task_id,
-                parent_id=parent_id,
-                payload_hash=payload_hash,
-                timeout_seconds=timeout_seconds,
-                delivery_required=delivery_required,
-                tenant=tenant,
-                llm_calls_budget=llm_calls_budget,
-                token_budget=token_budget,
-                cost_budget_micros=cost_budget_micros,
-                max_attempts=max_attempts,
-            )
+        return self._core.create_task(
+            task_id=task_id,
+            parent_id=parent_id,
+            payload_hash=payload_hash,
+            timeout_seconds=timeout_seconds,
+            delivery_required=delivery_required,
+            tenant=tenant,
+            llm_calls_budget=llm_calls_budget,
+            token_budget=token_budget,
+            cost_budget_micros=cost_budget_micros,
+            max_attempts=max_attempts,
         )
 
     def get_task(self, task_id: str) -> Task:
         """The task with this id."""
-        return Task._from_core(self._core.get_task(task_id))
+        return self._core.get_task(task_id)
 
     def children_of(self, task_id: str) -> list[Task]:
         """Direct children, oldest first."""
-        return [Task._from_core(row) for row in self._core.children_of(task_id)]
+        return self._core.children_of(task_id)
 
     def start_task(self, task_id: str) -> Task:
         """queued -> running without an owner; a running task is returned as is."""
-        return Task._from_core(self._core.start_task(task_id))
+        return self._core.start_task(task_id)
 
     def heartbeat(
         self, task_id: str, *, worker: str | None = None, attempt: int | None = None
     ) -> Task:
         """Mark a running task alive. ``worker``/``attempt`` fence off stale claims."""
-        return Task._from_core(self._core.heartbeat(task_id, worker=worker, attempt=attempt))
+        return self._core.heartbeat(task_id, worker=worker, attempt=attempt)
 
     def close_task(
         self,
@@ -183,34 +181,29 @@ class Ledger:
         attempt: int | None = None,
     ) -> Task:
         """Move a task to a terminal status; the same status again is a no-op."""
-        return Task._from_core(
-            self._core.close_task(task_id, status, code=code, worker=worker, attempt=attempt)
-        )
+        return self._core.close_task(task_id, status, code=code, worker=worker, attempt=attempt)
 
     def set_delivery(
         self, task_id: str, status: DeliveryStatus | str, *, code: str | None = None
     ) -> Task:
         """Record a terminal task's delivery outcome."""
-        return Task._from_core(self._core.set_delivery(task_id, status, code=code))
+        return self._core.set_delivery(task_id, status, code=code)
 
     # -- claims: one owner per task, across threads and processes ----------
 
     def claim(self, task_id: str, worker: str) -> Task | None:
         """Atomically ``queued -> running`` owned by ``worker``; ``None`` if not queued."""
-        row = self._core.claim(task_id, worker)
-        return None if row is None else Task._from_core(row)
+        return self._core.claim(task_id, worker)
 
     def claim_next(self, worker: str, *, tenant: str | None = None, limit: int = 1) -> list[Task]:
         """Claim up to ``limit`` (1 to 10,000) of the oldest queued tasks in
         one transaction."""
-        return [
-            Task._from_core(r) for r in self._core.claim_next(worker, tenant=tenant, limit=limit)
-        ]
+        return self._core.claim_next(worker, tenant=tenant, limit=limit)
 
     def release(self, task_id: str, worker: str) -> Task:
         """The owner gives a running task back: queued again, or escalated
         (``attempts_exhausted``) once ``max_attempts`` claims were used."""
-        return Task._from_core(self._core.release(task_id, worker))
+        return self._core.release(task_id, worker)
 
     # -- the state machine --------------------------------------------------
 
@@ -226,27 +219,27 @@ class Ledger:
     ) -> Task:
         """Compare-and-set: ``StateConflict`` unless the stored status is
         ``expected`` and ``expected -> to`` is in ``TRANSITIONS``."""
-        return Task._from_core(
-            self._core.transition(task_id, expected, to, code=code, worker=worker, attempt=attempt)
+        return self._core.transition(
+            task_id, expected, to, code=code, worker=worker, attempt=attempt
         )
 
     def block(self, task_id: str, *, code: str = "needs_input", worker: str | None = None) -> Task:
         """``running -> blocked`` (waiting for input); the owner is kept."""
-        return Task._from_core(self._core.move_to(task_id, "blocked", code=code, worker=worker))
+        return self._core.move_to(task_id, "blocked", code=code, worker=worker)
 
     def escalate(
         self, task_id: str, *, code: str = "escalated_manually", worker: str | None = None
     ) -> Task:
         """``running -> escalated`` (a person must look); the owner is kept."""
-        return Task._from_core(self._core.move_to(task_id, "escalated", code=code, worker=worker))
+        return self._core.move_to(task_id, "escalated", code=code, worker=worker)
 
     def requeue(self, task_id: str) -> Task:
         """``blocked|escalated -> queued`` (code ``requeued``); the owner is cleared."""
-        return Task._from_core(self._core.move_to(task_id, "queued"))
+        return self._core.move_to(task_id, "queued")
 
     def cancel(self, task_id: str) -> Task:
         """Any non-terminal status -> ``cancelled``; cancelling again is a no-op."""
-        return Task._from_core(self._core.move_to(task_id, "cancelled", code="caller_cancelled"))
+        return self._core.move_to(task_id, "cancelled", code="caller_cancelled")
 
     # -- the budget guard ---------------------------------------------------
 
@@ -284,9 +277,7 @@ class Ledger:
 
     def grant(self, task_id: str, *, calls: int = 0, tokens: int = 0, cost_micros: int = 0) -> Task:
         """Raise a task's limits (never lower them); recorded as ``budget_granted``."""
-        return Task._from_core(
-            self._core.grant(task_id, calls=calls, tokens=tokens, cost_micros=cost_micros)
-        )
+        return self._core.grant(task_id, calls=calls, tokens=tokens, cost_micros=cost_micros)
 
     def list_tasks(
         self,
@@ -300,10 +291,9 @@ class Ledger:
     ) -> list[Task]:
         """Tasks matching every filter, oldest first, at most ``limit``
         (1 to 10,000); pass the last id as ``after`` for the next page."""
-        rows = self._core.list_tasks(
+        return self._core.list_tasks(
             status=status, tenant=tenant, owner=owner, parent_id=parent_id, limit=limit, after=after
         )
-        return [Task._from_core(r) for r in rows]
 
     # -- recovery -------------------------------------------------------------
 

@@ -78,11 +78,6 @@ class Task:
     cost_used_micros: int = 0
     cost_budget_micros: int | None = None
 
-    @classmethod
-    def _from_core(cls, row: tuple[Any, ...]) -> Task:
-        # Dict lookups, not Enum calls: this runs once per operation.
-        return cls(*row[:2], _TASK_STATUS[row[2]], _DELIVERY_STATUS[row[3]], *row[4:])
-
     def to_dict(self, *, include_payload_hash: bool = False) -> dict[str, Any]:
         """The task as plain JSON-ready values.
 
@@ -165,7 +160,3 @@ class ReconcilePolicy:
 
         for name in ("active_grace_seconds", "delivery_grace_seconds"):
             object.__setattr__(self, name, non_negative_seconds(getattr(self, name)))
-
-
-_TASK_STATUS = {member.value: member for member in TaskStatus}
-_DELIVERY_STATUS = {member.value: member for member in DeliveryStatus}

@@ -13,7 +13,7 @@ use crate::fsm::{DeliveryStatus, TaskStatus};
 use crate::reconcile::Report;
 use crate::retention::{PurgeReport, Stats};
 use crate::store::StorageInfo;
-use crate::task::{TaskRow, Usage};
+use crate::task::Usage;
 use crate::validate;
 
 /// A required task id in any form the peer accepts, canonicalised.
@@ -163,40 +163,6 @@ pub fn payload_bytes(obj: &Bound<'_, PyAny>) -> Result<Vec<u8>> {
         return Ok(b.as_bytes().to_vec());
     }
     Err(Error::Invalid("payload must be str or bytes"))
-}
-
-/// A task as the flat tuple `Task._from_core` expects.
-pub fn task_tuple<'py>(py: Python<'py>, t: &TaskRow) -> PyResult<Bound<'py, PyTuple>> {
-    let items: Vec<Bound<'py, PyAny>> = vec![
-        t.id.as_str().into_pyobject(py)?.into_any(),
-        t.parent_id.as_deref().into_pyobject(py)?,
-        t.status.as_str().into_pyobject(py)?.into_any(),
-        t.delivery_status.as_str().into_pyobject(py)?.into_any(),
-        PyBool::new(py, t.delivery_required).to_owned().into_any(),
-        t.payload_hash.as_deref().into_pyobject(py)?,
-        t.timeout_seconds.into_pyobject(py)?,
-        t.created_at.into_pyobject(py)?.into_any(),
-        t.started_at.into_pyobject(py)?,
-        t.updated_at.into_pyobject(py)?.into_any(),
-        t.ended_at.into_pyobject(py)?,
-        t.deadline_at.into_pyobject(py)?,
-        t.delivery_updated_at.into_pyobject(py)?.into_any(),
-        t.terminal_code.as_deref().into_pyobject(py)?,
-        t.delivery_code.as_deref().into_pyobject(py)?,
-        t.version.into_pyobject(py)?.into_any(),
-        t.tenant.as_deref().into_pyobject(py)?,
-        t.owner.as_deref().into_pyobject(py)?,
-        t.park_code.as_deref().into_pyobject(py)?,
-        t.attempt_count.into_pyobject(py)?.into_any(),
-        t.max_attempts.into_pyobject(py)?.into_any(),
-        t.usage.calls.into_pyobject(py)?.into_any(),
-        t.limits.calls.into_pyobject(py)?,
-        t.usage.tokens.into_pyobject(py)?.into_any(),
-        t.limits.tokens.into_pyobject(py)?,
-        t.usage.cost_micros.into_pyobject(py)?.into_any(),
-        t.limits.cost_micros.into_pyobject(py)?,
-    ];
-    PyTuple::new(py, items)
 }
 
 /// `storage_info()` as a dict.

@@ -16,7 +16,7 @@ use crate::snapshot;
 use crate::store::{Durability, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
 use crate::tasks::{self, Clock, Fence, ListQuery, NewTask};
-use crate::{charge, claim};
+use crate::{charge, claim, task_object};
 
 /// One open ledger. Shareable across threads: the connection sits behind a
 /// mutex that is only ever taken with the interpreter detached.
@@ -70,9 +70,9 @@ impl LedgerCore {
         &self,
         py: Python<'py>,
         op: impl FnOnce(&rusqlite::Transaction<'_>, Clock<'_>) -> Result<TaskRow> + Send,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let row = self.run(py, |store, clock| store.write(|tx| op(tx, clock)))?;
-        convert::task_tuple(py, &row)
+        task_object::task(py, &row)
     }
 }
 
@@ -82,14 +82,6 @@ fn busy_ms(value: i64) -> Result<u32> {
         .ok()
         .and_then(|v| u32::try_from(v).ok())
         .ok_or(Error::Invalid("busy_timeout_ms is too large"))
-}
-
-fn task_list<'py>(py: Python<'py>, rows: &[TaskRow]) -> PyResult<Bound<'py, PyList>> {
-    let items = rows
-        .iter()
-        .map(|r| convert::task_tuple(py, r))
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, items)
 }
 
 fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) -> Result<Fence> {
@@ -180,7 +172,7 @@ impl LedgerCore {
         token_budget: Option<&Bound<'py, PyAny>>,
         cost_budget_micros: Option<&Bound<'py, PyAny>>,
         max_attempts: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let new = NewTask {
             id: convert::opt_task_id(task_id)?,
             parent_id: convert::opt_task_id(parent_id)?,
@@ -205,10 +197,10 @@ impl LedgerCore {
         &self,
         py: Python<'py>,
         task_id: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let row = self.run(py, |store, _| store.read(|tx| tasks::get(tx, &id)))?;
-        convert::task_tuple(py, &row)
+        task_object::task(py, &row)
     }
 
     fn children_of<'py>(
@@ -218,14 +210,14 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyList>> {
         let id = convert::task_id(task_id)?;
         let rows = self.run(py, |store, _| store.read(|tx| tasks::children(tx, &id)))?;
-        task_list(py, &rows)
+        task_object::task_list(py, &rows)
     }
 
     fn start_task<'py>(
         &self,
         py: Python<'py>,
         task_id: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         self.write_task(py, |tx, clock| tasks::start(tx, &id, clock))
     }
@@ -237,7 +229,7 @@ impl LedgerCore {
         task_id: &Bound<'py, PyAny>,
         worker: Option<&Bound<'py, PyAny>>,
         attempt: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| tasks::heartbeat(tx, &id, &fence, clock))
@@ -252,7 +244,7 @@ impl LedgerCore {
         code: Option<&Bound<'py, PyAny>>,
         worker: Option<&Bound<'py, PyAny>>,
         attempt: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let to = convert::task_status(status)?;
         if !to.is_terminal() {
@@ -274,7 +266,7 @@ impl LedgerCore {
         task_id: &Bound<'py, PyAny>,
         status: &Bound<'py, PyAny>,
         code: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let to = convert::delivery_status(status)?;
         if !to.is_terminal() {
@@ -320,13 +312,13 @@ impl LedgerCore {
         py: Python<'py>,
         task_id: &Bound<'py, PyAny>,
         worker: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let id = convert::task_id(task_id)?;
         let worker = convert::name(worker)?;
         let row = self.run(py, |store, clock| {
             store.write(|tx| claim::claim(tx, &id, &worker, clock))
         })?;
-        row.map(|r| convert::task_tuple(py, &r)).transpose()
+        row.map(|r| task_object::task(py, &r)).transpose()
     }
 
     #[pyo3(signature = (worker, *, tenant=None, limit))]
@@ -343,7 +335,7 @@ impl LedgerCore {
         let rows = self.run(py, |store, clock| {
             store.write(|tx| claim::claim_next(tx, &worker, tenant.as_deref(), limit, clock))
         })?;
-        task_list(py, &rows)
+        task_object::task_list(py, &rows)
     }
 
     fn release<'py>(
@@ -351,7 +343,7 @@ impl LedgerCore {
         py: Python<'py>,
         task_id: &Bound<'py, PyAny>,
         worker: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let worker = convert::name(worker)?;
         self.write_task(py, |tx, clock| claim::release(tx, &id, &worker, clock))
@@ -367,7 +359,7 @@ impl LedgerCore {
         code: Option<&Bound<'py, PyAny>>,
         worker: Option<&Bound<'py, PyAny>>,
         attempt: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let (expected, to) = (convert::task_status(expected)?, convert::task_status(to)?);
         // As in close_task: judged only when written, so the same terminal
@@ -389,7 +381,7 @@ impl LedgerCore {
         to: &Bound<'py, PyAny>,
         code: Option<&Bound<'py, PyAny>>,
         worker: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let to = convert::task_status(to)?;
         let code = convert::opt_code(code)?;
@@ -407,7 +399,7 @@ impl LedgerCore {
         calls: &Bound<'py, PyAny>,
         tokens: &Bound<'py, PyAny>,
         cost_micros: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let amount = convert::usage(calls, tokens, cost_micros)?;
         self.write_task(py, |tx, clock| tasks::grant(tx, &id, amount, clock))
@@ -466,7 +458,7 @@ impl LedgerCore {
             after: convert::opt_task_id(after)?,
         };
         let rows = self.run(py, |store, _| store.read(|tx| tasks::list(tx, &query)))?;
-        task_list(py, &rows)
+        task_object::task_list(py, &rows)
     }
 
     /// Deletes one fully closed task without children, and its events.

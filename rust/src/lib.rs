@@ -23,6 +23,7 @@ mod schema;
 mod snapshot;
 mod store;
 mod task;
+mod task_object;
 mod tasks;
 mod validate;
 
