@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 
@@ -32,6 +33,23 @@ def test_create_returns_a_queued_task_with_defaults(ledger: Ledger, clock: Froze
     assert (task.llm_calls_budget, task.token_budget, task.cost_budget_micros) == (25, None, None)
     assert (task.owner, task.tenant) == (None, "acme")
     assert ledger.get_task(task.id) == task
+
+
+def test_returned_tasks_are_ordinary_frozen_task_instances(ledger: Ledger) -> None:
+    """The core builds tasks without running ``Task.__init__``; nothing a
+    caller can observe may differ from a task constructed in Python."""
+    task = ledger.get_task(ledger.create_task(tenant="acme").id)
+    rebuilt = Task(**{f.name: getattr(task, f.name) for f in dataclasses.fields(Task)})
+    assert type(task) is Task
+    assert task == rebuilt
+    assert hash(task) == hash(rebuilt)
+    assert repr(task) == repr(rebuilt)
+    assert not hasattr(task, "__dict__")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        task.owner = "someone"  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(task)) == task
+    assert dataclasses.replace(task, owner="w2").owner == "w2"
+    assert dataclasses.asdict(task)["status"] is TaskStatus.QUEUED
 
 
 def test_recreate_with_same_fields_is_idempotent(ledger: Ledger, clock: FrozenClock) -> None:
