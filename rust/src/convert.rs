@@ -1,6 +1,7 @@
 //! Python values in, Python values out. Each argument is checked for its
 //! type here (bool is never a number, a str is never bytes) and then handed
-//! to the pure validators; each row goes back as a flat tuple.
+//! to the pure validators. Reports go back as tuples and dicts (tasks as
+//! `Task` instances, built in `task_object`).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
@@ -222,7 +223,7 @@ pub fn usage(
     })
 }
 
-/// A charge outcome as the flat tuple `Charge._from_core` expects.
+/// A charge outcome as the flat tuple `Charge(*row)` takes.
 pub fn charge_tuple<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, PyTuple>> {
     let t = &o.task;
     let remaining = |limit: Option<i64>, used: i64| limit.map(|l| l.saturating_sub(used));

@@ -1,8 +1,8 @@
 //! taskwarden's core: an embedded, crash-honest task-state ledger.
 //!
 //! Domain modules (`fsm`, `validate`, `task`, `events`, `schema`, `tasks`,
-//! `store`, `fsguard`, `snapshot`) never touch Python; `ledger`, `convert`
-//! and `errors` are the only bridge.
+//! `store`, `fsguard`, `snapshot`) never touch Python; `ledger`, `convert`,
+//! `task_object` and `errors` are the only bridge.
 
 mod budget;
 mod busy;
