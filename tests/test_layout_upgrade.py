@@ -105,6 +105,17 @@ def test_an_upgraded_file_keeps_its_tasks_working(first_layout: Path) -> None:
         conn.execute("UPDATE tasks SET status = 'bogus'")
 
 
+def test_a_connection_open_across_the_upgrade_reads_the_new_schema(first_layout: Path) -> None:
+    """The upgrade bumps the schema cookie, so a connection that read the
+    old CHECKs before it reloads them (here: another SQLite user)."""
+    with contextlib.closing(sqlite3.connect(first_layout)) as other:
+        assert other.execute("SELECT count(*) FROM tasks").fetchone() == (10,)
+        with Ledger(first_layout):
+            pass
+        with pytest.raises(sqlite3.IntegrityError, match="status = 'queued' OR"):
+            other.execute("UPDATE tasks SET status = 'bogus'")
+
+
 def test_read_only_open_reads_a_first_layout_file_without_touching_it(first_layout: Path) -> None:
     def state() -> tuple[bytes, int, list[str]]:
         return (

@@ -542,22 +542,25 @@ pub mod test_support {
 mod tests {
     use super::*;
 
-    #[test]
-    fn fresh_schema_is_current() -> Result<()> {
+    /// An in-memory database with a fresh v3 schema.
+    fn fresh() -> Result<Connection> {
         let mut conn = Connection::open_in_memory()?;
         let tx = conn.transaction()?;
         create(&tx)?;
         tx.commit()?;
+        Ok(conn)
+    }
+
+    #[test]
+    fn fresh_schema_is_current() -> Result<()> {
+        let conn = fresh()?;
         assert_eq!(inspect(&conn)?, Found::Current);
         Ok(())
     }
 
     #[test]
     fn an_extra_object_is_refused() -> Result<()> {
-        let mut conn = Connection::open_in_memory()?;
-        let tx = conn.transaction()?;
-        create(&tx)?;
-        tx.commit()?;
+        let conn = fresh()?;
         conn.execute_batch("CREATE INDEX extra_idx ON tasks(tenant)")?;
         assert!(matches!(inspect(&conn), Err(Error::Conflict(_))));
         Ok(())
@@ -631,10 +634,7 @@ mod tests {
 
     #[test]
     fn status_writes_build_no_temporary_index() -> Result<()> {
-        let mut conn = Connection::open_in_memory()?;
-        let tx = conn.transaction()?;
-        create(&tx)?;
-        tx.commit()?;
+        let conn = fresh()?;
         assert_eq!(temporary_indexes(&conn, CLAIM_UPDATE)?, 0);
         assert_eq!(temporary_indexes(&conn, EVENT_INSERT)?, 0);
         // What the first layout cost on every claim, for contrast.
