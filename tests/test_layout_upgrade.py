@@ -10,9 +10,13 @@ block, a budget escalation, a delivery and a cancellation.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +118,44 @@ def test_a_connection_open_across_the_upgrade_reads_the_new_schema(first_layout:
             pass
         with pytest.raises(sqlite3.IntegrityError, match="status = 'queued' OR"):
             other.execute("UPDATE tasks SET status = 'bogus'")
+
+
+FIRST_OPEN = Path(__file__).parent / "reliability" / "_first_open.py"
+
+
+def test_processes_opening_a_first_layout_file_at_once_upgrade_it_once(
+    tmp_path: Path, fresh: Path
+) -> None:
+    """Four fresh processes open each of three first-layout files at the same
+    moments, each creating a task: every open succeeds, the file ends in the
+    current layout with every task, and doctor is healthy."""
+    directory = tmp_path / "race"
+    directory.mkdir(mode=0o700)
+    paths = []
+    for i in range(3):
+        path = directory / f"first-{i}.db"
+        shutil.copyfile(FIXTURE, path)
+        path.chmod(0o600)
+        paths.append(path)
+    start = time.time() + 1.0  # after every interpreter has started
+    targets = [arg for i, p in enumerate(paths) for arg in (str(p), repr(start + 0.5 * i))]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(FIRST_OPEN), "10000", "0.002", str(k), *targets],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for k in range(4)
+    ]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4, outputs[0][1][-2000:]
+    results = [json.loads(line) for out, _ in outputs for line in out.decode().splitlines()]
+    assert [r["outcome"] for r in results] == ["ok"] * 12
+    for path in paths:
+        assert query(path, SCHEMA_SQL) == query(fresh, SCHEMA_SQL)
+        with Ledger(path) as ledger:
+            assert ledger.stats()["task_count"] == 10 + 4
+            assert ledger.doctor()["healthy"] is True
 
 
 def test_read_only_open_reads_a_first_layout_file_without_touching_it(first_layout: Path) -> None:
