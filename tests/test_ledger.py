@@ -8,6 +8,7 @@ import pickle
 import pytest
 
 from taskwarden import (
+    Charge,
     DeliveryStatus,
     InvalidInput,
     Ledger,
@@ -35,7 +36,7 @@ def test_create_returns_a_queued_task_with_defaults(ledger: Ledger, clock: Froze
     assert ledger.get_task(task.id) == task
 
 
-def test_returned_tasks_are_ordinary_frozen_task_instances(ledger: Ledger) -> None:
+def test_returned_tasks_and_charges_are_ordinary_frozen_instances(ledger: Ledger) -> None:
     """The core builds tasks without running ``Task.__init__``; nothing a
     caller can observe may differ from a task constructed in Python."""
     task = ledger.get_task(ledger.create_task(tenant="acme").id)
@@ -50,6 +51,18 @@ def test_returned_tasks_are_ordinary_frozen_task_instances(ledger: Ledger) -> No
     assert pickle.loads(pickle.dumps(task)) == task
     assert dataclasses.replace(task, owner="w2").owner == "w2"
     assert dataclasses.asdict(task)["status"] is TaskStatus.QUEUED
+    # Charges are built the same way.
+    ledger.claim(task.id, "w1")
+    charge = ledger.charge(task.id, tokens=5, worker="w1")
+    rebuilt_charge = Charge(**{f.name: getattr(charge, f.name) for f in dataclasses.fields(Charge)})
+    assert type(charge) is Charge
+    assert charge == rebuilt_charge
+    assert hash(charge) == hash(rebuilt_charge)
+    assert repr(charge) == repr(rebuilt_charge)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        charge.allowed = False  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(charge)) == charge
+    assert ledger.budget(task.id) == dataclasses.replace(charge, allowed=True)
 
 
 def test_recreate_with_same_fields_is_idempotent(ledger: Ledger, clock: FrozenClock) -> None:

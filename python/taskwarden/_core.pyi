@@ -3,15 +3,13 @@
 from collections.abc import Callable
 from typing import Any
 
-from .models import Task
+from .models import Charge, Task
 
 __version__: str
 SCHEMA_VERSION: int
 DEFAULT_SNAPSHOT_MAX_BYTES: int
 REASON_CODES: tuple[str, ...]
 TRANSITIONS: dict[str, tuple[str, ...]]
-
-ChargeRow = tuple[Any, ...]
 
 def payload_fingerprint(payload: str | bytes) -> str:
     """SHA-256 of a payload (``str`` as UTF-8, or ``bytes``), lowercase hex."""
@@ -115,9 +113,9 @@ class LedgerCore:
         cost_micros: object,
         worker: object = None,
         attempt: object = None,
-    ) -> ChargeRow:
+    ) -> Charge:
         """The budget guard's atomic charge."""
-    def budget(self, task_id: object) -> ChargeRow:
+    def budget(self, task_id: object) -> Charge:
         """Budget figures without charging."""
     def list_tasks(
         self,

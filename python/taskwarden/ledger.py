@@ -260,20 +260,18 @@ class Ledger:
         (``budget_exhausted``). Not running, or not this worker's claim:
         ``allowed=False`` and nothing changes. Never raises for state reasons.
         """
-        return Charge(
-            *self._core.charge(
-                task_id,
-                calls=calls,
-                tokens=tokens,
-                cost_micros=cost_micros,
-                worker=worker,
-                attempt=attempt,
-            )
+        return self._core.charge(
+            task_id,
+            calls=calls,
+            tokens=tokens,
+            cost_micros=cost_micros,
+            worker=worker,
+            attempt=attempt,
         )
 
     def budget(self, task_id: str) -> Charge:
         """The budget figures without charging."""
-        return Charge(*self._core.budget(task_id))
+        return self._core.budget(task_id)
 
     def grant(self, task_id: str, *, calls: int = 0, tokens: int = 0, cost_micros: int = 0) -> Task:
         """Raise a task's limits (never lower them); recorded as ``budget_granted``."""

@@ -118,17 +118,6 @@ class Task:
         return out
 
 
-# Task's mutable layout twin: the same slots in the same order. The core
-# builds each task as one of these (a plain ``__init__``, seven times
-# cheaper than a frozen dataclass's, which sets every field through
-# ``object.__setattr__``) and then retypes it as ``Task``, which CPython
-# allows between classes of identical layout. What callers get is an
-# ordinary ``Task``: same type, equality, hash, repr and immutability.
-_TaskRecord = make_dataclass(
-    "_TaskRecord", [(f.name, f.type) for f in fields(Task)], slots=True, repr=False, eq=False
-)
-
-
 @dataclass(frozen=True, slots=True)
 class Charge:
     """The budget guard's answer (SPEC §4).
@@ -171,3 +160,20 @@ class ReconcilePolicy:
 
         for name in ("active_grace_seconds", "delivery_grace_seconds"):
             object.__setattr__(self, name, non_negative_seconds(getattr(self, name)))
+
+
+def _layout_twin(cls: type) -> type:
+    """``cls``'s mutable layout twin: the same slots in the same order.
+
+    The core builds each ``Task`` and ``Charge`` as its twin (a plain
+    ``__init__``, several times cheaper than a frozen dataclass's, which sets
+    every field through ``object.__setattr__``) and then retypes it, which
+    CPython allows between classes of identical layout. What callers get is
+    an ordinary instance: same type, equality, hash, repr and immutability.
+    """
+    fields_ = [(f.name, f.type) for f in fields(cls)]
+    return make_dataclass(f"_{cls.__name__}Record", fields_, slots=True, repr=False, eq=False)
+
+
+_TaskRecord = _layout_twin(Task)
+_ChargeRecord = _layout_twin(Charge)

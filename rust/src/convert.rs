@@ -1,13 +1,11 @@
 //! Python values in, Python values out. Each argument is checked for its
 //! type here (bool is never a number, a str is never bytes) and then handed
-//! to the pure validators. Reports go back as tuples and dicts (tasks as
-//! `Task` instances, built in `task_object`).
+//! to the pure validators. Reports go back as dicts (tasks and charges as
+//! `taskwarden.models` instances, built in `objects`).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
 
-use crate::budget::Dimension;
-use crate::charge::Outcome;
 use crate::doctor::Report as DoctorReport;
 use crate::errors::{Error, Result};
 use crate::fsm::{DeliveryStatus, TaskStatus};
@@ -221,27 +219,6 @@ pub fn usage(
         tokens: amount(tokens)?,
         cost_micros: amount(cost)?,
     })
-}
-
-/// A charge outcome as the flat tuple `Charge(*row)` takes.
-pub fn charge_tuple<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, PyTuple>> {
-    let t = &o.task;
-    let remaining = |limit: Option<i64>, used: i64| limit.map(|l| l.saturating_sub(used));
-    let items: Vec<Bound<'py, PyAny>> = vec![
-        PyBool::new(py, o.allowed).to_owned().into_any(),
-        PyBool::new(py, o.escalated).to_owned().into_any(),
-        o.exhausted.map(Dimension::as_str).into_pyobject(py)?,
-        t.usage.calls.into_pyobject(py)?.into_any(),
-        t.limits.calls.into_pyobject(py)?,
-        remaining(t.limits.calls, t.usage.calls).into_pyobject(py)?,
-        t.usage.tokens.into_pyobject(py)?.into_any(),
-        t.limits.tokens.into_pyobject(py)?,
-        remaining(t.limits.tokens, t.usage.tokens).into_pyobject(py)?,
-        t.usage.cost_micros.into_pyobject(py)?.into_any(),
-        t.limits.cost_micros.into_pyobject(py)?,
-        remaining(t.limits.cost_micros, t.usage.cost_micros).into_pyobject(py)?,
-    ];
-    PyTuple::new(py, items)
 }
 
 /// A doctor report as a dict: the peer's keys plus taskwarden's counters.

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList};
 
 use crate::convert;
 use crate::errors::{Error, Result};
@@ -16,7 +16,7 @@ use crate::snapshot;
 use crate::store::{Durability, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
 use crate::tasks::{self, Clock, Fence, ListQuery, NewTask};
-use crate::{charge, claim, task_object};
+use crate::{charge, claim, objects};
 
 /// One open ledger. Shareable across threads: the connection sits behind a
 /// mutex that is only ever taken with the interpreter detached.
@@ -72,7 +72,7 @@ impl LedgerCore {
         op: impl FnOnce(&rusqlite::Transaction<'_>, Clock<'_>) -> Result<TaskRow> + Send,
     ) -> PyResult<Bound<'py, PyAny>> {
         let row = self.run(py, |store, clock| store.write(|tx| op(tx, clock)))?;
-        task_object::task(py, &row)
+        objects::task(py, &row)
     }
 }
 
@@ -200,7 +200,7 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let row = self.run(py, |store, _| store.read(|tx| tasks::get(tx, &id)))?;
-        task_object::task(py, &row)
+        objects::task(py, &row)
     }
 
     fn children_of<'py>(
@@ -210,7 +210,7 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyList>> {
         let id = convert::task_id(task_id)?;
         let rows = self.run(py, |store, _| store.read(|tx| tasks::children(tx, &id)))?;
-        task_object::task_list(py, &rows)
+        objects::task_list(py, &rows)
     }
 
     fn start_task<'py>(
@@ -318,7 +318,7 @@ impl LedgerCore {
         let row = self.run(py, |store, clock| {
             store.write(|tx| claim::claim(tx, &id, &worker, clock))
         })?;
-        row.map(|r| task_object::task(py, &r)).transpose()
+        row.map(|r| objects::task(py, &r)).transpose()
     }
 
     #[pyo3(signature = (worker, *, tenant=None, limit))]
@@ -335,7 +335,7 @@ impl LedgerCore {
         let rows = self.run(py, |store, clock| {
             store.write(|tx| claim::claim_next(tx, &worker, tenant.as_deref(), limit, clock))
         })?;
-        task_object::task_list(py, &rows)
+        objects::task_list(py, &rows)
     }
 
     fn release<'py>(
@@ -415,24 +415,24 @@ impl LedgerCore {
         cost_micros: &Bound<'py, PyAny>,
         worker: Option<&Bound<'py, PyAny>>,
         attempt: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let amount = convert::usage(calls, tokens, cost_micros)?;
         let fence = fence(worker, attempt)?;
         let outcome = self.run(py, |store, clock| {
             store.write(|tx| charge::charge(tx, &id, amount, &fence, clock))
         })?;
-        convert::charge_tuple(py, &outcome)
+        objects::charge(py, &outcome)
     }
 
     fn budget<'py>(
         &self,
         py: Python<'py>,
         task_id: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let outcome = self.run(py, |store, _| store.read(|tx| charge::read(tx, &id)))?;
-        convert::charge_tuple(py, &outcome)
+        objects::charge(py, &outcome)
     }
 
     #[pyo3(signature = (*, status=None, tenant=None, owner=None, parent_id=None, limit, after=None))]
@@ -458,7 +458,7 @@ impl LedgerCore {
             after: convert::opt_task_id(after)?,
         };
         let rows = self.run(py, |store, _| store.read(|tx| tasks::list(tx, &query)))?;
-        task_object::task_list(py, &rows)
+        objects::task_list(py, &rows)
     }
 
     /// Deletes one fully closed task without children, and its events.

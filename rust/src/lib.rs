@@ -2,7 +2,7 @@
 //!
 //! Domain modules (`fsm`, `validate`, `task`, `events`, `schema`, `tasks`,
 //! `store`, `fsguard`, `snapshot`) never touch Python; `ledger`, `convert`,
-//! `task_object` and `errors` are the only bridge.
+//! `objects` and `errors` are the only bridge.
 
 mod budget;
 mod busy;
@@ -17,13 +17,13 @@ mod fsguard;
 mod fsm;
 mod index_audit;
 mod ledger;
+mod objects;
 mod reconcile;
 mod retention;
 mod schema;
 mod snapshot;
 mod store;
 mod task;
-mod task_object;
 mod tasks;
 mod validate;
 
