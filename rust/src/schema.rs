@@ -186,10 +186,15 @@ pub fn current_fingerprint() -> Result<&'static str> {
     if let Some(fp) = FP.get() {
         return Ok(fp);
     }
+    let fp = fingerprint(&fresh_schema()?)?;
+    Ok(FP.get_or_init(|| fp))
+}
+
+/// A private in-memory database holding exactly the v3 DDL.
+fn fresh_schema() -> Result<Connection> {
     let conn = Connection::open_in_memory()?;
     conn.execute_batch(DDL)?;
-    let fp = fingerprint(&conn)?;
-    Ok(FP.get_or_init(|| fp))
+    Ok(conn)
 }
 
 /// Lowercase hex of a digest.
@@ -321,11 +326,9 @@ fn write_meta(tx: &Transaction<'_>) -> Result<()> {
 /// CHECKs' spelling differs, never their meaning, so every row and page
 /// stays valid as it is, and SQLite's documented way to change a CHECK
 /// applies: edit `sqlite_master` and bump the schema cookie, so that every
-/// other connection reloads the schema. The caller reloads its own after
-/// commit (`PRAGMA writable_schema = RESET`).
+/// connection, the caller's too, reloads the schema at its next statement.
 pub fn upgrade_first_layout(tx: &Transaction<'_>) -> Result<()> {
-    let fresh = Connection::open_in_memory()?;
-    fresh.execute_batch(DDL)?;
+    let fresh = fresh_schema()?;
     let mut tables = fresh.prepare(
         "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
     )?;
@@ -652,7 +655,6 @@ mod tests {
         let tx = conn.transaction()?;
         upgrade_first_layout(&tx)?;
         tx.commit()?;
-        conn.execute_batch("PRAGMA writable_schema = RESET")?;
         assert_eq!(inspect(&conn)?, Found::Current);
         assert_eq!(temporary_indexes(&conn, CLAIM_UPDATE)?, 0);
         let writable: i64 = conn.query_row("PRAGMA writable_schema", [], |r| r.get(0))?;

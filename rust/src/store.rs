@@ -183,7 +183,7 @@ impl Store {
             external_acl: false,
         };
         store.configure()?;
-        store.create_schema()?;
+        store.settle_schema()?;
         Ok(store)
     }
 
@@ -299,23 +299,9 @@ impl Store {
         }
         self.ensure_wal()?;
         match found {
-            Found::Empty => self.create_schema(),
-            Found::FirstLayout => self.upgrade_layout(),
+            Found::Empty | Found::FirstLayout => self.settle_schema(),
             Found::Peer(_) | Found::Current => Ok(()),
         }
-    }
-
-    /// A file of the first v3 layout gets the current one, judged again
-    /// under the write lock (another process may have upgraded it first).
-    fn upgrade_layout(&mut self) -> Result<()> {
-        self.write(|tx| match schema::inspect(tx)? {
-            Found::FirstLayout => schema::upgrade_first_layout(tx),
-            Found::Current => Ok(()),
-            Found::Empty | Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
-        })?;
-        // This connection read the old CHECKs before the edit; reload them.
-        self.conn.execute_batch("PRAGMA writable_schema = RESET")?;
-        Ok(())
     }
 
     /// Switching to WAL needs the write lock, so it is only asked for when
@@ -337,15 +323,15 @@ impl Store {
         }
     }
 
-    /// Gives a new file its schema, judged again under the write lock:
-    /// another process opening the same new file may have been first.
-    fn create_schema(&mut self) -> Result<()> {
+    /// Gives a new file its schema, or a first-layout file the current one,
+    /// judged again under the write lock: another process opening the same
+    /// file may have been first.
+    fn settle_schema(&mut self) -> Result<()> {
         self.write(|tx| match schema::inspect(tx)? {
             Found::Empty => schema::create(tx),
+            Found::FirstLayout => schema::upgrade_first_layout(tx),
             Found::Current => Ok(()),
-            Found::Peer(_) | Found::FirstLayout => {
-                Err(Error::Conflict("schema changed while opening"))
-            }
+            Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
         })
     }
 
