@@ -250,6 +250,23 @@ def test_overflowing_an_ancestor_counter_is_invalid_input(
         assert ledger.get_task(parent.id).tokens_used == I64_MAX
 
 
+def test_a_passed_ancestor_limit_escalates_even_where_a_counter_would_overflow(
+    db_path: Path, clock: FrozenClock
+) -> None:
+    """The child's tokens are unlimited and its counter could not hold the
+    sum, but the parent's limit is passed first: the runaway is stopped
+    (escalated), not answered with an input error."""
+    with Ledger(db_path, clock=clock) as ledger:
+        parent = ledger.create_task(llm_calls_budget=None, token_budget=I64_MAX)
+        child = ledger.create_task(parent_id=parent.id, llm_calls_budget=None)
+        ledger.claim(child.id, "w")
+        assert ledger.charge(child.id, calls=0, tokens=I64_MAX - 5, worker="w").allowed
+        answer = ledger.charge(child.id, calls=0, tokens=10, worker="w")
+        assert (answer.allowed, answer.escalated, answer.exhausted) == (False, True, "tokens")
+        assert ledger.get_task(child.id).status == "escalated"
+        assert ledger.get_task(parent.id).tokens_used == I64_MAX - 5
+
+
 # --------------------------------------------------------------------------
 # roll-up through the ancestor chain
 
@@ -432,6 +449,21 @@ def test_budget_reports_an_exhausted_ancestor(ledger: Ledger) -> None:
     assert fig.exhausted == "calls"
     assert (fig.calls_used, fig.calls_budget, fig.calls_remaining) == (2, 10, 8)
     assert ledger.get_task(child.id).status == "running"
+
+
+def test_budget_allows_a_one_call_charge_while_another_dimension_is_spent(
+    ledger: Ledger,
+) -> None:
+    """``allowed`` answers for a one-call charge: tokens at their limit
+    refuse token charges only, which ``exhausted`` names."""
+    parent = ledger.create_task(llm_calls_budget=None, cost_budget_micros=5)
+    task = ledger.create_task(parent_id=parent.id, token_budget=10)
+    ledger.claim(task.id, "w")
+    assert ledger.charge(task.id, calls=0, tokens=10, cost_micros=5).allowed
+    fig = ledger.budget(task.id)
+    assert (fig.allowed, fig.exhausted) == (True, "tokens")
+    assert ledger.charge(task.id).allowed  # what the figures promised
+    assert ledger.charge(task.id, calls=0, tokens=1).escalated
 
 
 def test_a_refused_charge_reports_what_budget_reports(ledger: Ledger) -> None:

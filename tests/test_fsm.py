@@ -324,6 +324,45 @@ def test_transition_fences_other_workers_and_stale_attempts(ledger: Ledger, db_p
     assert (done.status, done.owner) == (S.SUCCEEDED, WORKER)
 
 
+def test_transition_fences_a_stale_worker_on_a_requeued_task(
+    ledger: Ledger, db_path: Path
+) -> None:
+    """A worker whose task went back to the queue holds no claim: its fenced
+    transitions are refused exactly as its ``close_task`` is."""
+    task = bring(ledger, S.RUNNING)
+    ledger.release(task.id, WORKER)
+    for to in (S.SUCCEEDED, S.CANCELLED):
+        assert_refused(
+            ledger,
+            db_path,
+            task.id,
+            StateConflict,
+            lambda to=to: ledger.transition(task.id, "queued", to, worker=WORKER, attempt=1),
+        )
+    assert_refused(
+        ledger,
+        db_path,
+        task.id,
+        StateConflict,
+        lambda: ledger.close_task(task.id, "succeeded", worker=WORKER, attempt=1),
+    )
+
+
+def test_a_claim_by_transition_compares_only_the_attempt(ledger: Ledger, db_path: Path) -> None:
+    """queued -> running with ``worker`` makes it the owner; an ``attempt``
+    that is not the task's current one is a stale view and is refused."""
+    task = bring(ledger, S.QUEUED)
+    assert_refused(
+        ledger,
+        db_path,
+        task.id,
+        StateConflict,
+        lambda: ledger.transition(task.id, "queued", "running", worker="w2", attempt=99),
+    )
+    claimed = ledger.transition(task.id, "queued", "running", worker="w2", attempt=0)
+    assert (claimed.owner, claimed.attempt_count) == ("w2", 1)
+
+
 def test_owner_is_kept_through_running_parked_and_terminal(ledger: Ledger) -> None:
     task = bring(ledger, S.QUEUED)
     assert ledger.claim(task.id, "w5").owner == "w5"

@@ -44,13 +44,18 @@ pub fn add(
         ),
     ];
     let mut sums = [0i64; 3];
+    let mut overflow = false;
     for (i, (dim, u, limit, a)) in dims.into_iter().enumerate() {
         match (u.checked_add(a), limit) {
             (Some(sum), Some(l)) if sum > l => return Ok(Err(dim)),
             (Some(sum), _) => sums[i] = sum,
             (None, Some(_)) => return Ok(Err(dim)),
-            (None, None) => return Err(Error::Invalid("charge would overflow a usage counter")),
+            // Judged after every limit: a passed limit escalates first.
+            (None, None) => overflow = true,
         }
+    }
+    if overflow {
+        return Err(Error::Invalid("charge would overflow a usage counter"));
     }
     Ok(Ok(Usage {
         calls: sums[0],
@@ -158,6 +163,16 @@ mod tests {
             Ok(usage(max, 0, 0))
         );
         assert!(add(usage(0, max, 0), limits(None, None, None), usage(0, 1, 0)).is_err());
+        // A passed limit is the answer even when an earlier, unlimited
+        // dimension of the same charge would overflow.
+        assert_eq!(
+            add(
+                usage(max, 0, 5),
+                limits(None, None, Some(5)),
+                usage(1, 0, 1)
+            )?,
+            Err(Dimension::Cost)
+        );
         assert!(raise(limits(Some(max), None, None), usage(1, 0, 0)).is_err());
         assert_eq!(
             raise(limits(Some(1), None, Some(2)), usage(1, 5, 3))?,

@@ -48,29 +48,35 @@ pub fn charge(
     let chain = std::iter::once(task.clone())
         .chain(tasks::ancestors(tx, &task)?)
         .collect::<Vec<_>>();
+    // Every node is judged before anything is raised: a limit passed
+    // anywhere on the chain escalates, even where an unlimited counter
+    // elsewhere could not hold the sum (that alone is `InvalidInput`).
+    let judged = chain
+        .iter()
+        .map(|node| budget::add(node.usage, node.limits, amount))
+        .collect::<Vec<_>>();
+    if let Some(dim) = judged.iter().find_map(|j| match j {
+        Ok(Err(dim)) => Some(*dim),
+        _ => None,
+    }) {
+        let parked = tasks::transition(
+            tx,
+            &task,
+            TaskStatus::Escalated,
+            Some("budget_exhausted"),
+            fence.worker.as_deref(),
+            clock()?,
+        )?;
+        return Ok(Outcome {
+            allowed: false,
+            escalated: true,
+            exhausted: Some(dim),
+            task: parked,
+        });
+    }
     let mut grown = Vec::with_capacity(chain.len());
-    for node in &chain {
-        match budget::add(node.usage, node.limits, amount)? {
-            Ok(usage) => grown.push(usage),
-            Err(dim) => {
-                let now = clock()?;
-                let worker = fence.worker.as_deref();
-                let parked = tasks::transition(
-                    tx,
-                    &task,
-                    TaskStatus::Escalated,
-                    Some("budget_exhausted"),
-                    worker,
-                    now,
-                )?;
-                return Ok(Outcome {
-                    allowed: false,
-                    escalated: true,
-                    exhausted: Some(dim),
-                    task: parked,
-                });
-            }
-        }
+    for judgement in judged {
+        grown.push(judgement?.map_err(|_| Error::Internal("a passed limit was missed"))?);
     }
     let mut charged = None;
     for (node, usage) in chain.iter().zip(grown) {
@@ -93,12 +99,21 @@ pub fn charge(
 }
 
 /// The same figures without charging: `allowed` says whether a one-call
-/// charge would pass now, `exhausted` which limit (own or an ancestor's)
-/// is already used up.
+/// charge (no tokens, no cost) would pass now, `exhausted` which limit (own
+/// or an ancestor's) is already used up. A dimension at its limit refuses
+/// only charges of that dimension, so the two can differ.
 pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
     let task = tasks::get(tx, id)?;
-    let exhausted = spent_on_chain(tx, &task)?;
-    let allowed = task.status == TaskStatus::Running && exhausted.is_none();
+    let ancestors = tasks::ancestors(tx, &task)?;
+    let chain = || std::iter::once(&task).chain(&ancestors);
+    let exhausted = chain().find_map(|node| budget::spent(node.usage, node.limits));
+    let one_call = Usage {
+        calls: 1,
+        ..Usage::default()
+    };
+    let fits =
+        chain().all(|node| matches!(budget::add(node.usage, node.limits, one_call), Ok(Ok(_))));
+    let allowed = task.status == TaskStatus::Running && fits;
     Ok(Outcome {
         allowed,
         escalated: false,

@@ -564,7 +564,15 @@ pub fn compare_and_set(
         ));
     }
     let code = caller_code(task.status, to, code, fence.worker.as_deref())?;
-    if task.status != TaskStatus::Queued {
+    if task.status == TaskStatus::Queued && to == TaskStatus::Running {
+        // A claim: the worker becomes the owner, so only the attempt the
+        // caller expects is compared.
+        Fence {
+            worker: None,
+            attempt: fence.attempt,
+        }
+        .check(&task)?;
+    } else {
         fence.check(&task)?;
     }
     transition(
