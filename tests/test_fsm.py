@@ -324,9 +324,7 @@ def test_transition_fences_other_workers_and_stale_attempts(ledger: Ledger, db_p
     assert (done.status, done.owner) == (S.SUCCEEDED, WORKER)
 
 
-def test_transition_fences_a_stale_worker_on_a_requeued_task(
-    ledger: Ledger, db_path: Path
-) -> None:
+def test_transition_fences_a_stale_worker_on_a_requeued_task(ledger: Ledger, db_path: Path) -> None:
     """A worker whose task went back to the queue holds no claim: its fenced
     transitions are refused exactly as its ``close_task`` is."""
     task = bring(ledger, S.RUNNING)
