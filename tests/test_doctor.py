@@ -490,6 +490,29 @@ TAMPERS = [
         "timestamp_inconsistency_count",
         _sql("UPDATE tasks SET parent_id = ? WHERE id = ?", IDS["cancelled"], IDS["queued"]),
     ),
+    # row times the events contradict (every timestamp rule still holds)
+    Tamper(
+        "created_at_moved_with_its_row",  # reorders the claim queue
+        "event_inconsistency_count",
+        _sql(
+            "UPDATE tasks SET created_at = created_at - 3600, updated_at = updated_at - 3600, "
+            "delivery_updated_at = delivery_updated_at - 3600 WHERE id = ?",
+            IDS["queued"],
+        ),
+        exact=1,
+    ),
+    Tamper(
+        "parked_updated_at_after_its_event",
+        "event_inconsistency_count",
+        _sql("UPDATE tasks SET updated_at = updated_at + 0.5 WHERE id = ?", IDS["blocked"]),
+        exact=1,
+    ),
+    Tamper(
+        "requeued_updated_at_after_its_event",
+        "event_inconsistency_count",
+        _sql("UPDATE tasks SET updated_at = updated_at + 0.5 WHERE id = ?", IDS["granted"]),
+        exact=1,
+    ),
     # the event chain
     Tamper(
         "event_code_edit",

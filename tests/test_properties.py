@@ -356,7 +356,11 @@ class LedgerMachine(RuleBasedStateMachine):
     def budget(self, i: int) -> None:
         m = self.tasks[i]
         exhausted = self.spent(m)
-        allowed = m.status is S.RUNNING and exhausted is None
+        # Whether a one-call charge would fit every limit on the chain.
+        fits = all(
+            node.limits[0] is None or node.used[0] + 1 <= node.limits[0] for node in self.chain(m)
+        )
+        allowed = m.status is S.RUNNING and fits
         assert self.db.budget(m.id) == self.charge_view(m, allowed, False, exhausted)
 
     @rule(i=st.integers(0, N - 1), worker=st.sampled_from([OWNER, OWNER, "w1", "w2"]))
@@ -468,7 +472,8 @@ class LedgerMachine(RuleBasedStateMachine):
             before = self.db.get_task(m.id)
             assert call() == before
             return
-        if dst not in TABLE[m.status] or (m.status is not S.QUEUED and self.fenced_out(m, who)):
+        claims = m.status is S.QUEUED and dst is S.RUNNING  # the worker becomes the owner
+        if dst not in TABLE[m.status] or (not claims and self.fenced_out(m, who)):
             self.check_refused(StateConflict, call)
             return
         result = call()

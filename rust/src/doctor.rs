@@ -463,6 +463,12 @@ struct Chain {
     bad: bool,
     count: usize,
     status: TaskStatus,
+    /// When the `created` event says the task was created.
+    created_at: Option<f64>,
+    /// When the last status event (or the `created` one) happened: a
+    /// task's `updated_at` moves with each, and without an event only by a
+    /// heartbeat, which only a running task takes.
+    last_status_at: Option<f64>,
     last_running_at: Option<f64>,
     terminal: Option<(f64, Option<String>)>,
     park_code: Option<String>,
@@ -481,6 +487,8 @@ impl Chain {
             bad: false,
             count: 0,
             status: TaskStatus::Queued,
+            created_at: None,
+            last_status_at: None,
             last_running_at: None,
             terminal: None,
             park_code: None,
@@ -504,6 +512,8 @@ impl Chain {
             !row.partial_grant && (e.grant.is_some() == (e.kind == events::BUDGET_GRANTED));
         let ok = match (first, e.kind.as_str()) {
             (true, events::CREATED) => {
+                self.created_at = Some(e.at);
+                self.last_status_at = Some(e.at);
                 e.from.is_none() && e.to == "queued" && e.code.as_deref() == Some("created")
             }
             (false, events::TASK_TRANSITION) => self.task_transition(e),
@@ -531,6 +541,7 @@ impl Chain {
             return false;
         }
         self.status = to;
+        self.last_status_at = Some(e.at);
         match to {
             TaskStatus::Running => {
                 self.last_running_at = Some(e.at);
@@ -579,6 +590,11 @@ impl Chain {
             .started_at
             .is_none_or(|s| self.last_running_at == Some(s));
         let park_ok = !task.status.is_parked() || self.park_code == task.park_code;
+        let times_ok = self.created_at == Some(task.created_at)
+            && self.last_status_at.is_some_and(|at| match task.status {
+                TaskStatus::Running => task.updated_at >= at,
+                _ => task.updated_at == at,
+            });
         let delivery_ok = match &self.delivery {
             None => !task.delivery_status.is_terminal(),
             Some((to, at, code)) => {
@@ -592,6 +608,7 @@ impl Chain {
             && terminal_ok
             && start_ok
             && park_ok
+            && times_ok
             && delivery_ok;
         (broken, self.bad || !consistent)
     }
