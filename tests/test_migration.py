@@ -401,14 +401,21 @@ def test_read_only_open_previews_peer_file_while_another_process_reads_it(
             assert reader.wait(timeout=30) == 0
 
 
-def _assert_refused_unchanged(path: Path) -> None:
+def _assert_refused_unchanged(path: Path, *, damaged_rows: bool = False) -> None:
+    """A writable open refuses the file and changes nothing. A read-only
+    open refuses it too, unless only its rows are damaged: then it previews
+    a private migrated copy, whose doctor reports the damage."""
     before_dump = dump(path)
     before_schema = query(path, SCHEMA_SQL)
     before = file_state(path)
     with pytest.raises(StateConflict), Ledger(path):
         pass
-    with pytest.raises(StateConflict), Ledger(path, read_only=True):
-        pass
+    if damaged_rows:
+        with Ledger(path, read_only=True) as preview:
+            assert preview.doctor()["healthy"] is False
+    else:
+        with pytest.raises(StateConflict), Ledger(path, read_only=True):
+            pass
     assert file_state(path) == before
     assert query(path, SCHEMA_SQL) == before_schema
     assert dump(path) == before_dump
@@ -451,7 +458,7 @@ def test_peer_file_with_rows_taskwarden_never_writes_is_refused_and_left_unchang
     peer_file: PeerFile, damage: str
 ) -> None:
     execute(peer_file.path, ROW_DAMAGE[damage].format(**peer_file.ids))
-    _assert_refused_unchanged(peer_file.path)
+    _assert_refused_unchanged(peer_file.path, damaged_rows=True)
     assert schema_meta(peer_file.path)["schema_version"] == str(peer_file.version)
 
 

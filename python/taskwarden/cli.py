@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from . import __version__
 from ._fleet_cli import FLEET_COMMANDS, add_fence, add_fleet_commands, fleet_command
 from ._output import emit
-from .errors import InvalidInput, LedgerError
+from .errors import InvalidInput, LedgerError, StateConflict
 from .ledger import Ledger
 from .models import DeliveryStatus, TaskStatus
 
@@ -259,7 +259,19 @@ def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
-    with _open(args) as ledger:
+    try:
+        ledger = _open(args)
+    except StateConflict as refused:
+        if args.read_only:
+            raise
+        # A file the writable open refuses (a damaged peer file it will not
+        # migrate) is still reported on, through a read-only private copy.
+        args.read_only = True
+        try:
+            ledger = _open(args)
+        except LedgerError:
+            raise refused from None
+    with ledger:
         report = ledger.doctor()
     return {**report, "_healthy": report["healthy"] is True, "_explain": _doctor_text(report)}
 

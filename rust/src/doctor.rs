@@ -74,6 +74,14 @@ impl Report {
         self
     }
 
+    /// The report of a migrated private copy, naming the version the file
+    /// itself still has.
+    #[must_use]
+    pub fn with_schema_version(mut self, version: i64) -> Report {
+        self.schema_version = Some(version);
+        self
+    }
+
     /// Every check of the scan passed (SQLite's page-level verdict aside,
     /// which the caller runs where it can).
     #[must_use]

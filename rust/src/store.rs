@@ -79,6 +79,16 @@ pub struct OpenOptions {
     pub euid: u32,
 }
 
+/// Whether a peer file's migration must leave a doctor-clean ledger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    /// The file itself is rewritten: anything doctor would flag stays the
+    /// peer's, untouched.
+    DoctorClean,
+    /// A private copy is migrated for reading; its damage is reported.
+    Open,
+}
+
 /// Where the connection's data lives.
 #[derive(Clone, Debug)]
 enum Backing {
@@ -95,6 +105,9 @@ enum Backing {
         path: DbPath,
         identity: Identity,
         euid: u32,
+        /// The schema version of a peer file previewed through a migrated
+        /// private copy: what the file itself still is.
+        peer_version: Option<i64>,
     },
     /// `Ledger.in_memory()`.
     Memory,
@@ -222,6 +235,7 @@ impl Store {
                 path,
                 identity,
                 euid: opts.euid,
+                peer_version: None,
             },
             busy_timeout_ms: opts.busy_timeout_ms,
             durability: opts.durability,
@@ -248,8 +262,14 @@ impl Store {
             // The first layout's CHECKs mean the same; reads need no upgrade.
             Found::Current | Found::FirstLayout => Ok(()),
             Found::Empty => Err(Error::Conflict("read-only database is not initialized")),
-            Found::Peer(_) => {
-                if let Backing::ReadOnly { journal_mode, .. } = &mut self.backing {
+            Found::Peer(version) => {
+                if let Backing::ReadOnly {
+                    journal_mode,
+                    peer_version,
+                    ..
+                } = &mut self.backing
+                {
+                    *peer_version = Some(version);
                     if *journal_mode == "wal" {
                         *journal_mode = "memory";
                         let copy = snapshot::copy_of(&mut self.conn)?;
@@ -257,7 +277,10 @@ impl Store {
                         self.conn = copy;
                     }
                 }
-                self.migrate()
+                // Ungated: the copy is private, and a damaged file must
+                // still be previewed and reported on (doctor counts what a
+                // writable open would refuse to migrate).
+                self.migrate(Gate::Open)
             }
         }
     }
@@ -336,7 +359,7 @@ impl Store {
     }
 
     fn migrate_and_compact(&mut self) -> Result<()> {
-        self.migrate()?;
+        self.migrate(Gate::DoctorClean)?;
         // The old tables' pages are free now; give them back so the file
         // holds no more pages than a fresh v3 ledger of the same tasks (and
         // stays under the read-only snapshot cap longer). Only an
@@ -345,7 +368,7 @@ impl Store {
         Ok(())
     }
 
-    fn migrate(&mut self) -> Result<()> {
+    fn migrate(&mut self, gate: Gate) -> Result<()> {
         // Foreign keys cannot be switched inside a transaction, and the
         // table rebuild must not cascade; they are checked before commit.
         self.conn.pragma_update(None, "foreign_keys", false)?;
@@ -361,7 +384,7 @@ impl Store {
                 // Before commit, every check doctor makes: a peer file with
                 // rows taskwarden would never write (free text, a bad id, a
                 // broken invariant) stays the peer's, untouched.
-                if doctor::check(tx).logically_sound() {
+                if gate == Gate::Open || doctor::check(tx).logically_sound() {
                     Ok(())
                 } else {
                     Err(Error::Conflict("legacy database failed validation"))
@@ -445,7 +468,14 @@ impl Store {
     pub fn doctor(&mut self) -> Result<doctor::Report> {
         let Backing::File { path, .. } = &self.backing else {
             let quick = doctor::quick_check(&self.conn);
-            return Ok(self.check_snapshot()?.with_quick_check(quick));
+            let report = self.check_snapshot()?.with_quick_check(quick);
+            return Ok(match self.backing {
+                Backing::ReadOnly {
+                    peer_version: Some(v),
+                    ..
+                } => report.with_schema_version(v),
+                _ => report,
+            });
         };
         let file = path.file.clone();
         let busy = Duration::from_millis(u64::from(self.busy_timeout_ms));
