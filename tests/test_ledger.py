@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import threading
 
 import pytest
 
@@ -248,6 +249,54 @@ def test_unknown_task_is_not_found(ledger: Ledger) -> None:
     ):
         with pytest.raises(TaskNotFound):
             call()
+
+
+@pytest.mark.parametrize("reentry", ["get_task", "close"])
+def test_a_clock_that_calls_back_into_its_ledger_fails_instead_of_hanging(
+    db_path, reentry: str
+) -> None:
+    """The clock runs inside a call that holds the ledger; calling the same
+    ledger from it is refused (the outer call sees a failed clock), never a
+    wait on itself. Other ledgers stay usable from a clock."""
+    other = Ledger.in_memory()
+    seen: list[BaseException] = []
+    state: dict = {}
+
+    def clock() -> float:
+        other.get_task(state["other"])  # another ledger: fine
+        if state.pop("reenter", False):
+            try:
+                if reentry == "get_task":
+                    state["ledger"].get_task(state["id"])
+                else:
+                    state["ledger"].close()
+            except StateConflict as exc:
+                seen.append(exc)
+                raise
+        return 1_800_000_000.0
+
+    state["other"] = other.create_task().id
+    ledger = state["ledger"] = Ledger(db_path, clock=clock)
+    state["id"] = ledger.create_task().id
+    state["reenter"] = True
+    outcome: list[BaseException | Task] = []
+
+    def call() -> None:
+        try:
+            outcome.append(ledger.start_task(state["id"]))
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome.append(exc)
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "the re-entering clock deadlocked the ledger"
+    assert len(seen) == 1
+    assert isinstance(outcome[0], InvalidInput)  # the clock failed
+    assert ledger.get_task(state["id"]).status is TaskStatus.QUEUED
+    assert ledger.start_task(state["id"]).status is TaskStatus.RUNNING
+    ledger.close()
+    other.close()
 
 
 def test_calls_after_close_conflict(db_path, clock: FrozenClock) -> None:

@@ -2,7 +2,8 @@
 //! Rust values, runs each operation with the interpreter detached, and
 //! turns the result back into Python values afterwards.
 
-use std::sync::Mutex;
+use std::cell::RefCell;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
@@ -39,6 +40,7 @@ impl LedgerCore {
         match &self.clock {
             None => system_now(),
             Some(clock) => Python::attach(|py| {
+                let _running = ClockCall::enter(self);
                 let value = clock
                     .bind(py)
                     .call0()
@@ -48,6 +50,18 @@ impl LedgerCore {
         }
     }
 
+    /// The store, once no other call holds it. A clock runs while its
+    /// ledger's call holds the store, so a clock calling back into the same
+    /// ledger would wait for itself forever: it is refused instead.
+    fn lock_store(&self) -> Result<MutexGuard<'_, Option<Store>>> {
+        if ClockCall::is_running(self) {
+            return Err(Error::Conflict("the ledger's clock called back into it"));
+        }
+        self.store
+            .lock()
+            .map_err(|_| Error::Internal("ledger lock poisoned"))
+    }
+
     /// Runs `op` on the store with the interpreter detached.
     fn run<T: Send>(
         &self,
@@ -55,10 +69,7 @@ impl LedgerCore {
         op: impl FnOnce(&mut Store, Clock<'_>) -> Result<T> + Send,
     ) -> PyResult<T> {
         py.detach(|| {
-            let mut guard = self
-                .store
-                .lock()
-                .map_err(|_| Error::Internal("ledger lock poisoned"))?;
+            let mut guard = self.lock_store()?;
             let store = guard.as_mut().ok_or(Error::Conflict("ledger is closed"))?;
             let clock = || self.now();
             op(store, &clock)
@@ -73,6 +84,39 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let row = self.run(py, |store, clock| store.write(|tx| op(tx, clock)))?;
         objects::task(py, &row)
+    }
+}
+
+thread_local! {
+    /// The ledgers whose Python clock is running on this thread, innermost
+    /// last (by address: a ledger cannot move while one of its calls runs).
+    static CLOCKS_RUNNING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Marks one ledger's clock as running on this thread until dropped.
+struct ClockCall(usize);
+
+impl ClockCall {
+    fn enter(ledger: &LedgerCore) -> ClockCall {
+        let key = std::ptr::from_ref(ledger) as usize;
+        CLOCKS_RUNNING.with(|c| c.borrow_mut().push(key));
+        ClockCall(key)
+    }
+
+    fn is_running(ledger: &LedgerCore) -> bool {
+        let key = std::ptr::from_ref(ledger) as usize;
+        CLOCKS_RUNNING.with(|c| c.borrow().contains(&key))
+    }
+}
+
+impl Drop for ClockCall {
+    fn drop(&mut self) {
+        CLOCKS_RUNNING.with(|c| {
+            let mut running = c.borrow_mut();
+            if let Some(at) = running.iter().rposition(|k| *k == self.0) {
+                running.remove(at);
+            }
+        });
     }
 }
 
@@ -147,11 +191,7 @@ impl LedgerCore {
     /// Releases the connection; later calls raise `StateConflict`.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| {
-            let mut guard = self
-                .store
-                .lock()
-                .map_err(|_| Error::Internal("ledger lock poisoned"))?;
-            guard.take();
+            self.lock_store()?.take();
             Ok::<(), Error>(())
         })?;
         Ok(())
