@@ -284,7 +284,7 @@ def test_a_clock_that_calls_back_into_its_ledger_fails_instead_of_hanging(
     def call() -> None:
         try:
             outcome.append(ledger.start_task(state["id"]))
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:
             outcome.append(exc)
 
     worker = threading.Thread(target=call, daemon=True)
