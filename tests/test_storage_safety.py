@@ -240,3 +240,47 @@ def test_no_free_text_reaches_the_file(tmp_path: Path) -> None:
     blob = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
     assert marker.encode() not in blob
     assert str(tmp_path).encode() not in blob
+
+
+# A worker that also opens the ledger through Python's own sqlite3 (a second
+# copy of SQLite in one process), then crashes without closing.
+_SECOND_COPY_WORKER = """
+import os, sqlite3, sys
+from taskwarden import Ledger
+ledger = Ledger(sys.argv[1])
+ids = [ledger.create_task().id]
+inspect = sqlite3.connect(sys.argv[1])
+inspect.execute("SELECT count(*) FROM tasks").fetchone()
+inspect.close()  # thinks it is the last connection: checkpoints, unlinks the WAL
+ids += [ledger.create_task().id for _ in range(4)]
+with Ledger(sys.argv[1], read_only=True) as other:  # what everyone else sees
+    seen = sum(1 for i in ids if other.get_task(i))
+print(" ".join(ids), seen, flush=True)
+os._exit(0)  # a crash: no close, no final checkpoint
+"""
+
+
+def test_a_second_sqlite_copy_in_the_process_loses_no_acknowledged_write(
+    tmp_path: Path,
+) -> None:
+    """Python's sqlite3 closing its connection unlinks the WAL under the
+    ledger's; the ledger notices before its next call and reconnects, so
+    every acknowledged create is visible at once and survives the crash."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "private"
+    folder.mkdir(mode=0o700)
+    path = folder / "ledger.db"
+    done = subprocess.run(
+        [sys.executable, "-c", _SECOND_COPY_WORKER, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    *ids, seen = done.stdout.split()
+    assert (len(ids), int(seen)) == (5, 5)
+    with Ledger(path) as ledger:
+        assert [ledger.get_task(i).id for i in ids] == ids
+        assert ledger.doctor()["healthy"] is True

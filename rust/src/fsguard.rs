@@ -214,6 +214,12 @@ pub fn verify_identity(path: &DbPath, identity: Identity) -> Result<()> {
     }
 }
 
+/// A read handle on the ledger's WAL, if there is one: while it is open,
+/// a link count of zero means the file was unlinked under the connection.
+pub fn open_wal(path: &DbPath) -> Option<File> {
+    File::open(sidecar(path, "-wal")).ok()
+}
+
 fn sidecar(path: &DbPath, suffix: &str) -> PathBuf {
     let mut name = path.file.as_os_str().to_owned();
     name.push(suffix);

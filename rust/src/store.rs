@@ -3,6 +3,8 @@
 //! operation runs in. Only this module and the SQL modules below it know
 //! the ledger is SQLite.
 
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
@@ -116,6 +118,10 @@ enum Backing {
 /// One open ledger.
 pub struct Store {
     conn: Connection,
+    /// Our own handle on the WAL the connection writes (files only); see
+    /// [`Store::reopen_if_wal_unlinked`]. Declared after `conn`, so it is
+    /// closed after the connection.
+    wal: Option<File>,
     backing: Backing,
     busy_timeout_ms: u32,
     durability: Durability,
@@ -151,6 +157,7 @@ impl Store {
             .map_err(|_| Error::Conflict("database connection failed"))?;
         let mut store = Store {
             conn,
+            wal: None,
             backing: Backing::File {
                 path: path.clone(),
                 identity,
@@ -165,6 +172,7 @@ impl Store {
         store.prepare_file_with_retries(opts.busy_timeout_ms)?;
         fsguard::verify_identity(&path, identity)?;
         fsguard::secure_sidecars(&path, true)?;
+        store.wal = fsguard::open_wal(&path);
         Ok(store)
     }
 
@@ -190,6 +198,7 @@ impl Store {
     pub fn in_memory(busy_timeout_ms: u32) -> Result<Store> {
         let mut store = Store {
             conn: Connection::open_in_memory()?,
+            wal: None,
             backing: Backing::Memory,
             busy_timeout_ms,
             durability: Durability::Normal,
@@ -230,6 +239,7 @@ impl Store {
         };
         let mut store = Store {
             conn,
+            wal: None,
             backing: Backing::ReadOnly {
                 journal_mode,
                 path,
@@ -424,6 +434,45 @@ impl Store {
         }
     }
 
+    /// SQLite deletes a WAL when its last connection closes, and judges
+    /// "last" by the POSIX locks of the process. Another copy of SQLite in
+    /// this process (Python's `sqlite3`, say) closing its connection to the
+    /// ledger therefore takes itself for the last one: it checkpoints
+    /// everything committed into the database file, then unlinks the WAL
+    /// and `-shm` under this connection, which would go on committing into
+    /// a file nobody else sees and that is gone on a crash.
+    ///
+    /// So before each call: if our handle on the WAL shows no name left,
+    /// the connection is replaced. The old one is closed without a
+    /// checkpoint (its WAL and shared-memory views are stale, and copying
+    /// them back could overwrite newer pages) and before the new one opens,
+    /// as closing releases the process's locks on the file.
+    fn reopen_if_wal_unlinked(&mut self) -> Result<()> {
+        let unlinked = self
+            .wal
+            .as_ref()
+            .is_some_and(|wal| wal.metadata().map_or(true, |m| m.nlink() == 0));
+        let Backing::File { path, .. } = &self.backing else {
+            return Ok(());
+        };
+        if !unlinked {
+            return Ok(());
+        }
+        let path = path.clone();
+        self.conn
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+        let stale = std::mem::replace(&mut self.conn, Connection::open_in_memory()?);
+        stale.close().map_err(|(_, e)| Error::from(e))?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        self.conn = Connection::open_with_flags(&path.file, flags)
+            .map_err(|_| Error::Conflict("database connection failed"))?;
+        self.configure()?;
+        self.ensure_wal()?;
+        fsguard::secure_sidecars(&path, true)?;
+        self.wal = fsguard::open_wal(&path);
+        Ok(())
+    }
+
     fn transaction<T>(
         &mut self,
         behavior: TransactionBehavior,
@@ -441,6 +490,7 @@ impl Store {
             return Err(Error::Conflict("ledger is read-only"));
         }
         self.verify()?;
+        self.reopen_if_wal_unlinked()?;
         self.transaction(TransactionBehavior::Immediate, op)
     }
 
@@ -458,6 +508,7 @@ impl Store {
     /// Runs `op` in one read transaction: one consistent snapshot.
     pub fn read<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.verify()?;
+        self.reopen_if_wal_unlinked()?;
         self.transaction(TransactionBehavior::Deferred, op)
     }
 
@@ -498,6 +549,7 @@ impl Store {
     /// fail, and the report must survive that.
     fn check_snapshot(&mut self) -> Result<doctor::Report> {
         self.verify()?;
+        self.reopen_if_wal_unlinked()?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Deferred)?;
