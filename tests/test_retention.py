@@ -459,6 +459,29 @@ def test_purge_cutoff_follows_older_than(db_path: Path, clock: FrozenClock) -> N
     assert logical_dump(db_path) == before
 
 
+def test_a_grant_after_the_cutoff_keeps_a_closed_tree(db_path: Path, clock: FrozenClock) -> None:
+    """A grant changes a closed task without moving its row times; its event
+    is a change all the same, so the tree is not old enough to purge."""
+    with opened(db_path, clock) as lg:
+        granted = lg.create_task()
+        lg.cancel(granted.id)
+        lg.set_delivery(granted.id, "failed")
+        parent = lg.create_task()
+        child = lg.create_task(parent_id=parent.id)
+        for task in (child, parent):
+            lg.cancel(task.id)
+            lg.set_delivery(task.id, "failed")
+        clock.advance(300)
+        lg.grant(granted.id, calls=1)
+        lg.grant(child.id, calls=1)
+        clock.advance(100)
+        for dry_run in (True, False):
+            report = lg.purge(older_than_seconds=200, dry_run=dry_run)
+            assert (report["trees_purged"], report["tasks_purged"]) == (0, 0)
+        assert lg.purge(older_than_seconds=50)["tasks_purged"] == 3
+        assert lg.doctor()["healthy"] is True
+
+
 @pytest.mark.parametrize("tenant", ["acme", "beta"])
 def test_purge_is_scoped_to_a_tenant(tenant: str, db_path: Path, clock: FrozenClock) -> None:
     sc = build_scenario(db_path, clock)

@@ -116,6 +116,10 @@ pub fn purge_batch(
         tx.prepare_cached("SELECT count(*) FROM task_events WHERE task_id = ?1")?;
     let mut drop_events = tx.prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?;
     let mut drop_task = tx.prepare_cached("DELETE FROM tasks WHERE id = ?1")?;
+    // A grant changes a closed task without moving its row times: the time
+    // of its last event counts as a change too.
+    let mut last_event =
+        tx.prepare_cached("SELECT max(occurred_at) FROM task_events WHERE task_id = ?1")?;
     for (root, has_children) in roots {
         let tree = if has_children {
             match closed_tree(tx, &root, cutoff, tenant)? {
@@ -125,6 +129,14 @@ pub fn purge_batch(
         } else {
             vec![root]
         };
+        let mut changed_since = false;
+        for id in &tree {
+            let at: Option<f64> = last_event.query_row([id], |r| r.get(0))?;
+            changed_since |= at.is_some_and(|at| at > cutoff);
+        }
+        if changed_since {
+            continue;
+        }
         report.trees_purged += 1;
         // Children before parents, so no moment sees a dangling parent link.
         for id in tree.iter().rev() {
