@@ -600,7 +600,7 @@ CTOR_PATHS: list[Any] = [
 CTOR_KWARGS: list[dict[str, Any]] = [
     *[
         {"busy_timeout_ms": v}
-        for v in [-1, True, False, 1.5, "100", None, math.nan, 2**63, 2**64, -(2**63)]
+        for v in [-1, True, False, 1.5, 5.0, "100", None, math.nan, 2**63, 2**64, -(2**63)]
     ],
     *[{"read_only": v} for v in [1, 0, "yes", None]],
     *[{"allow_external_acl": v} for v in [1, 0, "yes", None]],
@@ -643,7 +643,7 @@ def test_constructor_refuses_bad_options(fresh_dir: Path, kwargs: dict[str, Any]
     assert os.listdir(fresh_dir) == []
 
 
-@pytest.mark.parametrize("kwargs", CTOR_KWARGS[:12], ids=[repr(k)[:40] for k in CTOR_KWARGS[:12]])
+@pytest.mark.parametrize("kwargs", CTOR_KWARGS[:13], ids=[repr(k)[:40] for k in CTOR_KWARGS[:13]])
 def test_constructor_refuses_bad_options_on_an_existing_ledger(
     seeded: Seeded, db_path: Path, kwargs: dict[str, Any]
 ) -> None:

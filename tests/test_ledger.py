@@ -107,6 +107,17 @@ def test_parent_must_exist(ledger: Ledger) -> None:
         ledger.create_task(parent_id="0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9")
 
 
+def test_a_task_named_as_its_own_parent_gets_the_peer_errors(ledger: Ledger) -> None:
+    """New: its parent does not exist yet. Existing: a different parent."""
+    own = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+    with pytest.raises(TaskNotFound):
+        ledger.create_task(task_id=own, parent_id=own)
+    ledger.create_task(task_id=own)
+    with pytest.raises(StateConflict):
+        ledger.create_task(task_id=own, parent_id=own.upper())
+    assert ledger.get_task(own).parent_id is None
+
+
 def test_children_are_ordered_oldest_first(ledger: Ledger, clock: FrozenClock) -> None:
     parent = ledger.create_task()
     ids = []

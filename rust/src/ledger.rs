@@ -154,6 +154,10 @@ impl LedgerCore {
     ) -> PyResult<LedgerCore> {
         let path = convert::opt_text(Some(path), "database path is invalid")?
             .ok_or(Error::Invalid("database path is invalid"))?;
+        // The peer takes an int only (a float such as 5.0 is refused).
+        if !busy_timeout_ms.is_instance_of::<pyo3::types::PyInt>() {
+            return Err(Error::Invalid("busy_timeout_ms must be an integer").into());
+        }
         let busy = convert::amount(busy_timeout_ms)?;
         let opts = OpenOptions {
             busy_timeout_ms: busy_ms(busy)?,
@@ -227,9 +231,9 @@ impl LedgerCore {
             },
             max_attempts: convert::amount(max_attempts)?,
         };
-        if new.id.is_some() && new.id == new.parent_id {
-            return Err(Error::Invalid("a task cannot be its own parent").into());
-        }
+        // A task named as its own parent needs no rule of its own, as in the
+        // peer: a new one finds no parent (`TaskNotFound`), an existing one
+        // differs in its parent (`StateConflict`).
         self.write_task(py, |tx, clock| tasks::create(tx, &new, clock))
     }
 
