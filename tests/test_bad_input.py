@@ -501,6 +501,25 @@ def test_set_delivery_refuses_bad_code(
     assert ledger.get_task(task_id).delivery_status is DeliveryStatus.PENDING
 
 
+@pytest.mark.parametrize("odd", [5, b"x", 1.5], ids=repr)
+def test_a_code_that_is_not_text_is_ignored_or_outranked_like_the_peer(
+    ledger: Ledger, seeded: Seeded, db_path: Path, odd: Any
+) -> None:
+    """The same terminal status again ignores the code, whatever it is; a
+    state conflict is reported before the code is judged (peer rules)."""
+    closed = ledger.get_task(seeded.closed)
+    assert ledger.close_task(seeded.closed, closed.status, code=odd) == closed
+    assert ledger.set_delivery(seeded.closed, closed.delivery_status, code=odd) == closed
+    other = "failed" if closed.status is not TaskStatus.FAILED else "succeeded"
+    before = logical_dump(db_path)
+    with pytest.raises(StateConflict):
+        ledger.close_task(seeded.closed, other, code=odd)
+    with pytest.raises(StateConflict):
+        ledger.set_delivery(seeded.running, "delivered", code=odd)
+    assert logical_dump(db_path) == before
+    assert_refused(db_path, lambda: ledger.close_task(seeded.running, "failed", code=odd))
+
+
 def test_accepted_aliases_and_enums_are_not_bad_input(ledger: Ledger, seeded: Seeded) -> None:
     """``completed`` is an alias of ``succeeded``: a positive control for the lists above."""
     done = ledger.close_task(seeded.queued, "completed", code="completed")

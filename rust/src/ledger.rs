@@ -120,6 +120,14 @@ impl Drop for ClockCall {
     }
 }
 
+/// A code argument after conversion: `None` when it was not text.
+fn caller_code(converted: Option<&Option<String>>) -> tasks::CallerCode<'_> {
+    match converted {
+        Some(code) => tasks::CallerCode::Given(code.as_deref()),
+        None => tasks::CallerCode::NotText,
+    }
+}
+
 /// SQLite takes the busy timeout as a C int of milliseconds.
 fn busy_ms(value: i64) -> Result<u32> {
     i32::try_from(value)
@@ -294,12 +302,11 @@ impl LedgerCore {
         if !to.is_terminal() {
             return Err(Error::Invalid("close status must be terminal").into());
         }
-        // A code is only judged when it would be written (peer rule), but it
-        // must at least be text.
-        let code = convert::opt_text(code, "reason code has an invalid format")?;
+        // Judged only where it would be written (see `CallerCode`).
+        let code = convert::opt_text(code, "reason code has an invalid format").ok();
         let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {
-            tasks::close(tx, &id, to, code.as_deref(), &fence, clock)
+            tasks::close(tx, &id, to, caller_code(code.as_ref()), &fence, clock)
         })
     }
 
@@ -316,9 +323,9 @@ impl LedgerCore {
         if !to.is_terminal() {
             return Err(Error::Invalid("delivery status must be terminal").into());
         }
-        let code = convert::opt_text(code, "reason code has an invalid format")?;
+        let code = convert::opt_text(code, "reason code has an invalid format").ok();
         self.write_task(py, |tx, clock| {
-            tasks::set_delivery(tx, &id, to, code.as_deref(), clock)
+            tasks::set_delivery(tx, &id, to, caller_code(code.as_ref()), clock)
         })
     }
 

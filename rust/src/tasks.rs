@@ -401,13 +401,32 @@ pub fn heartbeat(
     Ok(next)
 }
 
+/// A caller's reason code as given: text (or none), or something that is
+/// not text. It is judged only where it would be written: the same
+/// terminal status again ignores it, whatever it is, and a conflict is
+/// reported before it (peer rules).
+#[derive(Clone, Copy, Debug)]
+pub enum CallerCode<'a> {
+    Given(Option<&'a str>),
+    NotText,
+}
+
+impl<'a> CallerCode<'a> {
+    fn judged(self) -> Result<Option<&'a str>> {
+        match self {
+            CallerCode::Given(code) => Ok(code),
+            CallerCode::NotText => Err(Error::Invalid("reason code has an invalid format")),
+        }
+    }
+}
+
 /// `close_task`: any edge of the table into a terminal status. The same
 /// terminal status again is a no-op whose code is ignored (peer rule).
 pub fn close(
     tx: &Transaction<'_>,
     id: &str,
     to: TaskStatus,
-    code: Option<&str>,
+    code: CallerCode<'_>,
     fence: &Fence,
     clock: Clock<'_>,
 ) -> Result<TaskRow> {
@@ -423,6 +442,7 @@ pub fn close(
             "task already has a different terminal status",
         ));
     }
+    let code = code.judged()?;
     if let Some(code) = code {
         fsm::check_code(code, fsm::caller_codes(to))?;
     }
@@ -441,7 +461,7 @@ pub fn set_delivery(
     tx: &Transaction<'_>,
     id: &str,
     to: DeliveryStatus,
-    code: Option<&str>,
+    code: CallerCode<'_>,
     clock: Clock<'_>,
 ) -> Result<TaskRow> {
     if !to.is_terminal() {
@@ -471,6 +491,7 @@ pub fn set_delivery(
             "delivery outcome does not fit the task's delivery kind",
         ));
     }
+    let code = code.judged()?;
     if let Some(code) = code {
         fsm::check_code(code, fsm::delivery_codes(to))?;
     }
