@@ -321,8 +321,9 @@ def test_none_id_is_refused(ledger: Ledger, seeded: Seeded, db_path: Path, metho
         lambda s: "{" + s.upper() + "}",
         lambda s: "urn:uuid:" + s.upper(),
         lambda s: s.replace("-", ""),
+        lambda s: "{" * 200 + s + "}" * 200,
     ],
-    ids=["upper", "braced", "urn", "bare-hex"],
+    ids=["upper", "braced", "urn", "bare-hex", "many-braces"],
 )
 def test_other_uuid_spellings_are_valid_and_canonicalised(
     ledger: Ledger, seeded: Seeded, db_path: Path, spell: Callable[[str], str]
@@ -334,6 +335,33 @@ def test_other_uuid_spellings_are_valid_and_canonicalised(
     children = ledger.children_of(spell(seeded.queued))
     assert [c.id for c in children] == [seeded.child]
     assert logical_dump(db_path) == before
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        " 0000001000040008000000000000001",
+        "+0000001000040008000000000000001",
+        "0x000001000040008000000000000001",
+        "0000001000040008000000000000001\t",
+        "\u0660" + "0000001000040008000000000000001",  # an Arabic-Indic zero
+    ],
+    ids=["space", "plus", "0x", "tab", "arabic-indic-zero"],
+)
+def test_the_peers_rarer_uuid_spellings_name_the_same_task(ledger: Ledger, spelling: str) -> None:
+    """The peer parses ids with uuid.UUID (int(hex, 16) underneath), which
+    takes whitespace, a sign, 0x and any Unicode digit in the 32 places."""
+    task = ledger.create_task(task_id="00000001-0000-4000-8000-000000000001")
+    assert ledger.get_task(spelling) == task
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["-0000001000040008000000000000001", "0x00000001000040008000000000000001", "0" * 31 + "g"],
+)
+def test_what_the_peers_parser_refuses_stays_invalid(ledger: Ledger, spelling: str) -> None:
+    with pytest.raises(InvalidInput):
+        ledger.get_task(spelling)
 
 
 def test_upper_case_id_finds_the_task_for_writes_too(ledger: Ledger, seeded: Seeded) -> None:

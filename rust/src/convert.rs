@@ -17,7 +17,23 @@ use crate::validate;
 
 /// A required task id in any form the peer accepts, canonicalised.
 pub fn task_id(obj: &Bound<'_, PyAny>) -> Result<String> {
-    validate::canonical_uuid(&text(obj, "task id must be a UUID")?)
+    const BAD: &str = "task id must be a UUID";
+    validate::canonical_uuid(&text(obj, BAD)?).or_else(|_| {
+        // The rarer spellings the peer accepts (surrounding whitespace, a
+        // sign, `0x`, `_` between digits, non-ASCII digits, many braces)
+        // are whatever Python's `uuid.UUID` parses: the peer's own parser.
+        let parsed = obj
+            .py()
+            .import("uuid")
+            .and_then(|m| m.getattr("UUID"))
+            .and_then(|uuid| uuid.call1((obj,)))
+            .map_err(|_| Error::Invalid(BAD))?;
+        let canonical = parsed.str().map_err(|_| Error::Invalid(BAD))?;
+        Ok(canonical
+            .to_cow()
+            .map_err(|_| Error::Invalid(BAD))?
+            .into_owned())
+    })
 }
 
 /// An optional task id.
