@@ -107,6 +107,16 @@ def test_parent_must_exist(ledger: Ledger) -> None:
         ledger.create_task(parent_id="0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9")
 
 
+def test_an_unknown_parent_filter_is_task_not_found(ledger: Ledger) -> None:
+    """Like ``children_of``: a valid id that names no task is TaskNotFound."""
+    parent = ledger.create_task()
+    child = ledger.create_task(parent_id=parent.id)
+    assert ledger.list_tasks(parent_id=parent.id) == [child]
+    assert ledger.list_tasks(parent_id=child.id) == []
+    with pytest.raises(TaskNotFound):
+        ledger.list_tasks(parent_id="0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9")
+
+
 def test_a_task_named_as_its_own_parent_gets_the_peer_errors(ledger: Ledger) -> None:
     """New: its parent does not exist yet. Existing: a different parent."""
     own = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"

@@ -669,6 +669,10 @@ pub struct ListQuery {
 
 /// Tasks matching every given filter, oldest first, at most `limit`.
 pub fn list(tx: &Transaction<'_>, q: &ListQuery) -> Result<Vec<TaskRow>> {
+    // An unknown parent is `TaskNotFound`, as it is for `children_of`.
+    if let Some(parent) = &q.parent_id {
+        get(tx, parent)?;
+    }
     let cursor = match &q.after {
         Some(id) => {
             let t = get(tx, id)?;
