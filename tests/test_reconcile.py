@@ -1302,8 +1302,9 @@ def test_cli_demo_never_touches_an_existing_ledger(tmp_path: Path) -> None:
     with Ledger(real) as ledger:
         ledger.start_task(ledger.create_task().id)
     before = real.read_bytes()
-    code, out, _ = run_cli("demo", "--keep-db", str(real))
-    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    for argv in (["demo", "--keep-db", str(real)], ["--db", str(real), "demo"]):
+        code, out, _ = run_cli(*argv)
+        assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
     assert real.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["real.db"]
 
@@ -1329,6 +1330,18 @@ def test_cli_demo(tmp_path: Path) -> None:
         )
     assert again["tasks_timed_out"] == 0
     assert again["active_examined"] == recheck["active_examined"]
+
+
+def test_cli_demo_builds_its_ledger_at_the_global_db(tmp_path: Path) -> None:
+    target = tmp_path / "here" / "demo.db"
+    code, out, _ = run_cli("--db", str(target), "demo")
+    assert code == 0 and out["demo"]["apply"]["tasks_timed_out"] > 0
+    with Ledger(target, read_only=True) as reader:
+        assert reader.doctor()["healthy"] is True
+    other = tmp_path / "other.db"
+    code, out, _ = run_cli("--db", str(target.with_name("x.db")), "demo", "--keep-db", str(other))
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert not other.exists()
 
 
 def test_cli_demo_text() -> None:

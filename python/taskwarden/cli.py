@@ -132,7 +132,11 @@ def _add_recovery(
     demo = sub.add_parser(
         "demo", parents=[common], help="a synthetic restart: preview, apply, recheck"
     )
-    demo.add_argument("--keep-db", metavar="PATH", help="build the demo ledger here and keep it")
+    demo.add_argument(
+        "--keep-db",
+        metavar="PATH",
+        help="build the demo ledger here and keep it (the global --db does the same)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,7 +319,10 @@ def _cmd_stats(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     from .demo import explain, run_demo
 
-    reports = run_demo(args.keep_db)
+    # The global --db names the demo's new ledger too (kept, like --keep-db).
+    if args.keep_db is not None and args.db is not None and args.keep_db != args.db:
+        raise InvalidInput("--db and --keep-db name different paths")
+    reports = run_demo(args.keep_db if args.keep_db is not None else args.db)
     return {"ok": True, "demo": reports, "_explain": explain(reports)}
 
 
