@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from taskwarden import Ledger
+from taskwarden import Ledger, TaskStatus
 from taskwarden.errors import StateConflict
 
 from .conftest import FrozenClock, logical_dump, report_outcome
@@ -416,6 +416,9 @@ def _assert_fenced(ledger: Ledger, task_id: str, **who: Any) -> None:
         ledger.close_task(task_id, "succeeded", **who)
     with pytest.raises(StateConflict):
         ledger.transition(task_id, "running", "failed", **who)
+    if "worker" in who:
+        with pytest.raises(StateConflict):
+            ledger.release(task_id, who["worker"], attempt=who.get("attempt"))
     assert ledger.get_task(task_id) == before, "a fenced call changed the task"
 
 
@@ -493,3 +496,4 @@ def test_same_worker_name_with_stale_attempt_is_fenced(ledger: Ledger) -> None:
     assert again is not None and again.attempt_count == 2
     _assert_fenced(ledger, task.id, worker="A", attempt=1)
     assert ledger.charge(task.id, worker="A", attempt=2).allowed
+    assert ledger.release(task.id, "A", attempt=2).status is TaskStatus.QUEUED

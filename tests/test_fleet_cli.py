@@ -127,7 +127,8 @@ def test_claim_next_when_nothing_is_queued_and_bad_limits(db_path: Path, tasks: 
 def test_release(db_path: Path, tasks: list[str]) -> None:
     ok(db_path, "claim", tasks[0], "--worker", "w1")
     fails(db_path, "StateConflict", "release", tasks[0], "--worker", "w2")
-    task = ok(db_path, "release", tasks[0], "--worker", "w1")["task"]
+    fails(db_path, "StateConflict", "release", tasks[0], "--worker", "w1", "--attempt", "2")
+    task = ok(db_path, "release", tasks[0], "--worker", "w1", "--attempt", "1")["task"]
     assert (task["status"], task["owner"], task["started_at"], task["attempt_count"]) == (
         "queued",
         None,

@@ -85,7 +85,7 @@ class LedgerCore:
         """queued -> running owned by ``worker``; None if not queued."""
     def claim_next(self, worker: object, *, tenant: object = None, limit: object) -> list[Task]:
         """Claim up to ``limit`` oldest queued tasks in one transaction."""
-    def release(self, task_id: object, worker: object) -> Task:
+    def release(self, task_id: object, worker: object, *, attempt: object = None) -> Task:
         """The owner gives a running task back (or it escalates)."""
     def transition(
         self,

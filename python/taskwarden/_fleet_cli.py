@@ -34,6 +34,7 @@ def add_fleet_commands(
     release = sub.add_parser("release", parents=[common], help="the owner gives a task back")
     release.add_argument("task_id")
     release.add_argument("--worker", required=True, help="the owner")
+    release.add_argument("--attempt", type=int, help="refuse unless this is the current attempt")
 
     charge = sub.add_parser("charge", parents=[common], help="meter LLM use before a call")
     charge.add_argument("task_id")
@@ -100,7 +101,7 @@ def _run(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
     if c == "claim-next":
         return _tasks(ledger.claim_next(args.worker, tenant=args.tenant, limit=args.limit))
     if c == "release":
-        return _task(ledger.release(args.task_id, args.worker))
+        return _task(ledger.release(args.task_id, args.worker, attempt=args.attempt))
     if c in ("charge", "budget"):
         if c == "budget":
             result = ledger.budget(args.task_id)

@@ -200,10 +200,11 @@ class Ledger:
         one transaction."""
         return self._core.claim_next(worker, tenant=tenant, limit=limit)
 
-    def release(self, task_id: str, worker: str) -> Task:
+    def release(self, task_id: str, worker: str, *, attempt: int | None = None) -> Task:
         """The owner gives a running task back: queued again, or escalated
-        (``attempts_exhausted``) once ``max_attempts`` claims were used."""
-        return self._core.release(task_id, worker)
+        (``attempts_exhausted``) once ``max_attempts`` claims were used.
+        ``attempt`` also fences an older claim under a reused worker name."""
+        return self._core.release(task_id, worker, attempt=attempt)
 
     # -- the state machine --------------------------------------------------
 

@@ -7,7 +7,7 @@ use rusqlite::{params, Transaction};
 use crate::errors::{Error, Result};
 use crate::fsm::TaskStatus;
 use crate::task::{TaskRow, COLUMNS};
-use crate::tasks::{self, Clock};
+use crate::tasks::{self, Clock, Fence};
 
 /// Claims `id` for `worker` if it is queued; `None` if it is not.
 pub fn claim(
@@ -84,14 +84,23 @@ fn queue_sql(by_tenant: bool) -> String {
 
 /// The owner gives a running task back: it is queued again, or escalated
 /// (`attempts_exhausted`) once it has been claimed `max_attempts` times.
-pub fn release(tx: &Transaction<'_>, id: &str, worker: &str, clock: Clock<'_>) -> Result<TaskRow> {
+/// With `attempt`, a worker name reused by an older claim is fenced too.
+pub fn release(
+    tx: &Transaction<'_>,
+    id: &str,
+    worker: &str,
+    attempt: Option<i64>,
+    clock: Clock<'_>,
+) -> Result<TaskRow> {
     let task = tasks::get(tx, id)?;
     if task.status != TaskStatus::Running {
         return Err(Error::Conflict("only a running task can be released"));
     }
-    if task.owner.as_deref() != Some(worker) {
-        return Err(Error::Conflict("task is not owned by this worker"));
+    Fence {
+        worker: Some(worker.to_owned()),
+        attempt,
     }
+    .check(&task)?;
     let now = clock()?;
     if task.attempt_count >= task.max_attempts {
         tasks::transition(

@@ -389,15 +389,20 @@ impl LedgerCore {
         objects::task_list(py, &rows)
     }
 
+    #[pyo3(signature = (task_id, worker, *, attempt=None))]
     fn release<'py>(
         &self,
         py: Python<'py>,
         task_id: &Bound<'py, PyAny>,
         worker: &Bound<'py, PyAny>,
+        attempt: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let worker = convert::name(worker)?;
-        self.write_task(py, |tx, clock| claim::release(tx, &id, &worker, clock))
+        let attempt = convert::opt_amount(attempt)?;
+        self.write_task(py, |tx, clock| {
+            claim::release(tx, &id, &worker, attempt, clock)
+        })
     }
 
     #[pyo3(signature = (task_id, expected, to, *, code=None, worker=None, attempt=None))]
