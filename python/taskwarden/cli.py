@@ -270,9 +270,9 @@ def _cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
             raise
         # A file the writable open refuses (a damaged peer file it will not
         # migrate) is still reported on, through a read-only private copy.
-        args.read_only = True
+        cap = args.snapshot_max_mib * 1024 * 1024
         try:
-            ledger = _open(args)
+            ledger = _open(args, read_only=True, snapshot_max_bytes=cap)
         except LedgerError:
             raise refused from None
     with ledger:

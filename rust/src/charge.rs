@@ -33,7 +33,7 @@ pub fn charge(
         return Ok(Outcome {
             allowed: false,
             escalated: false,
-            exhausted: spent_on_chain(tx, &task)?,
+            exhausted: spent_on(&chain_of(tx, &task)?),
             task,
         });
     }
@@ -45,9 +45,7 @@ pub fn charge(
             task,
         });
     }
-    let chain = std::iter::once(task.clone())
-        .chain(tasks::ancestors(tx, &task)?)
-        .collect::<Vec<_>>();
+    let chain = chain_of(tx, &task)?;
     // Every node is judged before anything is raised: a limit passed
     // anywhere on the chain escalates, even where an unlimited counter
     // elsewhere could not hold the sum (that alone is `InvalidInput`).
@@ -104,15 +102,15 @@ pub fn charge(
 /// only charges of that dimension, so the two can differ.
 pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
     let task = tasks::get(tx, id)?;
-    let ancestors = tasks::ancestors(tx, &task)?;
-    let chain = || std::iter::once(&task).chain(&ancestors);
-    let exhausted = chain().find_map(|node| budget::spent(node.usage, node.limits));
+    let chain = chain_of(tx, &task)?;
     let one_call = Usage {
         calls: 1,
         ..Usage::default()
     };
-    let fits =
-        chain().all(|node| matches!(budget::add(node.usage, node.limits, one_call), Ok(Ok(_))));
+    let fits = chain
+        .iter()
+        .all(|node| matches!(budget::add(node.usage, node.limits, one_call), Ok(Ok(_))));
+    let exhausted = spent_on(&chain);
     let allowed = task.status == TaskStatus::Running && fits;
     Ok(Outcome {
         allowed,
@@ -122,12 +120,17 @@ pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
     })
 }
 
-/// The first limit already used up, on the task or an ancestor.
-fn spent_on_chain(tx: &Transaction<'_>, task: &TaskRow) -> Result<Option<Dimension>> {
-    if let Some(dim) = budget::spent(task.usage, task.limits) {
-        return Ok(Some(dim));
-    }
-    Ok(tasks::ancestors(tx, task)?
-        .into_iter()
-        .find_map(|node| budget::spent(node.usage, node.limits)))
+/// The task and its ancestors, nearest first: every budget a charge to the
+/// task must fit.
+fn chain_of(tx: &Transaction<'_>, task: &TaskRow) -> Result<Vec<TaskRow>> {
+    Ok(std::iter::once(task.clone())
+        .chain(tasks::ancestors(tx, task)?)
+        .collect())
+}
+
+/// The first limit already used up on the chain.
+fn spent_on(chain: &[TaskRow]) -> Option<Dimension> {
+    chain
+        .iter()
+        .find_map(|node| budget::spent(node.usage, node.limits))
 }

@@ -15,6 +15,15 @@ use crate::tasks;
 const FULLY_CLOSED: &str = "status IN ('succeeded','failed','timed_out','cancelled') \
     AND delivery_status <> 'pending'";
 
+/// Task `t` last changed at or before the cutoff (`?2`). A grant changes a
+/// closed task without moving its row times, so its events count too.
+fn unchanged_since_cutoff(t: &str) -> String {
+    format!(
+        "max({t}.updated_at, {t}.delivery_updated_at) <= ?2
+         AND NOT EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = {t}.id AND e.occurred_at > ?2)"
+    )
+}
+
 /// `delete_task`: one fully closed task without children, and its events.
 pub fn delete_task(tx: &Transaction<'_>, id: &str) -> Result<()> {
     let task = tasks::get(tx, id)?;
@@ -63,8 +72,9 @@ fn next_roots(
         "SELECT r.id, EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = r.id)
          FROM tasks r
          WHERE r.parent_id IS NULL AND r.id > ?1 AND (?3 IS NULL OR r.tenant = ?3)
-           AND {FULLY_CLOSED} AND max(r.updated_at, r.delivery_updated_at) <= ?2
-         ORDER BY r.id LIMIT ?4"
+           AND {FULLY_CLOSED} AND {}
+         ORDER BY r.id LIMIT ?4",
+        unchanged_since_cutoff("r")
     ))?;
     let rows = stmt.query_map(params![after, cutoff, tenant, PURGE_BATCH], |r| {
         Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?))
@@ -84,9 +94,10 @@ fn closed_tree(
     tenant: Option<&str>,
 ) -> Result<Option<Vec<String>>> {
     let mut stmt = tx.prepare_cached(&format!(
-        "{TREE} SELECT x.id, ({FULLY_CLOSED} AND max(x.updated_at, x.delivery_updated_at) <= ?2
+        "{TREE} SELECT x.id, ({FULLY_CLOSED} AND {}
                              AND (?3 IS NULL OR x.tenant IS ?3))
-         FROM tasks x JOIN tree ON x.id = tree.id"
+         FROM tasks x JOIN tree ON x.id = tree.id",
+        unchanged_since_cutoff("x")
     ))?;
     let mut ids = Vec::new();
     let mut rows = stmt.query(params![root, cutoff, tenant])?;
@@ -116,10 +127,6 @@ pub fn purge_batch(
         tx.prepare_cached("SELECT count(*) FROM task_events WHERE task_id = ?1")?;
     let mut drop_events = tx.prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?;
     let mut drop_task = tx.prepare_cached("DELETE FROM tasks WHERE id = ?1")?;
-    // A grant changes a closed task without moving its row times: the time
-    // of its last event counts as a change too.
-    let mut last_event =
-        tx.prepare_cached("SELECT max(occurred_at) FROM task_events WHERE task_id = ?1")?;
     for (root, has_children) in roots {
         let tree = if has_children {
             match closed_tree(tx, &root, cutoff, tenant)? {
@@ -129,14 +136,6 @@ pub fn purge_batch(
         } else {
             vec![root]
         };
-        let mut changed_since = false;
-        for id in &tree {
-            let at: Option<f64> = last_event.query_row([id], |r| r.get(0))?;
-            changed_since |= at.is_some_and(|at| at > cutoff);
-        }
-        if changed_since {
-            continue;
-        }
         report.trees_purged += 1;
         // Children before parents, so no moment sees a dangling parent link.
         for id in tree.iter().rev() {

@@ -81,6 +81,14 @@ pub struct OpenOptions {
     pub euid: u32,
 }
 
+/// A read-write connection to an existing, secured ledger file (never
+/// created by SQLite: `fsguard` made it).
+fn open_writable(path: &DbPath) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    Connection::open_with_flags(&path.file, flags)
+        .map_err(|_| Error::Conflict("database connection failed"))
+}
+
 /// Whether a peer file's migration must leave a doctor-clean ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Gate {
@@ -152,9 +160,7 @@ impl Store {
         }
         fsguard::secure_sidecars(&path, true)?;
         let identity = fsguard::prepare_file(&path, true)?;
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(&path.file, flags)
-            .map_err(|_| Error::Conflict("database connection failed"))?;
+        let conn = open_writable(&path)?;
         let mut store = Store {
             conn,
             wal: None,
@@ -463,9 +469,7 @@ impl Store {
             .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
         let stale = std::mem::replace(&mut self.conn, Connection::open_in_memory()?);
         stale.close().map_err(|(_, e)| Error::from(e))?;
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        self.conn = Connection::open_with_flags(&path.file, flags)
-            .map_err(|_| Error::Conflict("database connection failed"))?;
+        self.conn = open_writable(&path)?;
         self.configure()?;
         self.ensure_wal()?;
         fsguard::secure_sidecars(&path, true)?;
