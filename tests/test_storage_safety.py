@@ -284,3 +284,57 @@ def test_a_second_sqlite_copy_in_the_process_loses_no_acknowledged_write(
     with Ledger(path) as ledger:
         assert [ledger.get_task(i).id for i in ids] == ids
         assert ledger.doctor()["healthy"] is True
+
+
+# A worker with two handles on one ledger (a writer, and a read-only view
+# or a second writer). SQLite's locks are the process's, per file: closing
+# any descriptor of the ledger file drops them all. Mid-create (inside the
+# write transaction, from the clock), another process opens the ledger with
+# plain sqlite3 and closes it; without the worker's locks it takes itself
+# for the last user, checkpoints and unlinks the WAL under the writer.
+_TWO_HANDLE_WORKER = """
+import os, sqlite3, subprocess, sys, time
+from taskwarden import Ledger
+path, second = sys.argv[1], sys.argv[2]
+OUTSIDER = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT 1 FROM tasks'); c.close()"
+ticks = []
+def clock():
+    if len(ticks) == 1:
+        subprocess.run([sys.executable, "-c", OUTSIDER, path], check=True)
+    ticks.append(1)
+    return 1_800_000_000.0 + len(ticks)
+writer = Ledger(path, clock=clock)
+first = writer.create_task().id
+other = Ledger(path, read_only=(second == "read_only"))
+late = writer.create_task().id  # the outsider runs inside this write
+print(first, late, os.path.exists(path + "-wal"), flush=True)
+os._exit(0)  # a crash: no close, no final checkpoint
+"""
+
+
+@pytest.mark.parametrize("second", ["read_only", "writable"])
+def test_a_second_handle_in_the_process_keeps_the_writers_locks(
+    tmp_path: Path, second: str
+) -> None:
+    """Opening another handle on the same file must not drop the locks the
+    first handle's connection holds: another process closing the ledger
+    then leaves the WAL alone, and the create acknowledged across that
+    close survives the crash."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "private"
+    folder.mkdir(mode=0o700)
+    path = folder / "ledger.db"
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_HANDLE_WORKER, str(path), second],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    first, late, wal_kept = done.stdout.split()
+    assert wal_kept == "True"
+    with Ledger(path) as ledger:
+        assert [ledger.get_task(i).id for i in (first, late)] == [first, late]
+        assert ledger.doctor()["healthy"] is True

@@ -8,6 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Component, Path, PathBuf};
 
 use crate::errors::{Error, Result};
+use crate::held_files::{self, Lease};
 
 /// The database file and its resolved parent directory.
 #[derive(Clone, Debug)]
@@ -144,8 +145,9 @@ fn is_single_regular(meta: &Metadata) -> bool {
 
 /// Opens (creating when writable) the database file without following a
 /// link, checks it is one regular file with one name, sets mode 0600 (or,
-/// read-only, requires it) and returns its identity.
-pub fn prepare_file(path: &DbPath, writable: bool) -> Result<Identity> {
+/// read-only, requires it) and returns its identity, with a lease on the
+/// process's shared descriptor of it (see `held_files`).
+pub fn prepare_file(path: &DbPath, writable: bool) -> Result<(Identity, Lease)> {
     const NOT_REGULAR: Error = Error::Invalid("database path must be a regular file");
     let before = match fs::symlink_metadata(&path.file) {
         Ok(meta) if is_single_regular(&meta) => Some(meta),
@@ -153,37 +155,44 @@ pub fn prepare_file(path: &DbPath, writable: bool) -> Result<Identity> {
         Err(e) if e.kind() == ErrorKind::NotFound => None,
         Err(e) => return Err(e.into()),
     };
-    let file = match &before {
-        Some(_) => OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .open(&path.file)?,
+    let opened = match &before {
+        Some(b) => held_files::lease(Some((b.dev(), b.ino())), || {
+            OpenOptions::new()
+                .read(true)
+                .write(writable)
+                .open(&path.file)
+        }),
         None if !writable => return Err(Error::Invalid("read-only database must already exist")),
         // O_EXCL refuses a link planted at the name, even a dangling one.
-        None => match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path.file)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => return prepare_file(path, writable),
-            Err(e) => return Err(e.into()),
-        },
+        None => held_files::lease(None, || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path.file)
+        }),
     };
-    let meta = file.metadata()?;
+    let lease = match opened {
+        Ok(lease) => lease,
+        Err(e) if before.is_none() && e.kind() == ErrorKind::AlreadyExists => {
+            return prepare_file(path, writable)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let meta = lease.file().metadata()?;
     let same = before
         .as_ref()
         .is_none_or(|b| b.dev() == meta.dev() && b.ino() == meta.ino());
     if !is_single_regular(&meta) || !same {
         return Err(NOT_REGULAR);
     }
-    secure_mode(&file, &meta, writable)?;
-    Ok(Identity {
+    secure_mode(lease.file(), &meta, writable)?;
+    let identity = Identity {
         dev: meta.dev(),
         ino: meta.ino(),
-    })
+    };
+    Ok((identity, lease))
 }
 
 fn secure_mode(file: &File, meta: &Metadata, writable: bool) -> Result<()> {

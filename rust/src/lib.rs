@@ -15,6 +15,7 @@ mod errors;
 mod events;
 mod fsguard;
 mod fsm;
+mod held_files;
 mod index_audit;
 mod ledger;
 mod objects;

@@ -9,7 +9,7 @@
 
 use std::fs::{File, Metadata};
 use std::io::{ErrorKind, Read};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::errors::{Error, Result};
 use crate::fsguard::{self, DbPath, Identity, Sidecars};
+use crate::held_files::{self, Lease};
 
 /// The default cap: the peer's 64 MiB.
 pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
@@ -105,7 +106,9 @@ impl BackgroundSha256 {
 /// the WAL header bytes 18-19 to 1: SQLite cannot load a WAL-mode image
 /// into memory, and the hash must cover the bytes as they are on disk.
 struct HashingReader {
-    file: File,
+    /// The process's shared descriptor (never one of our own, whose close
+    /// would drop SQLite's locks): read at explicit offsets.
+    file: Lease,
     hasher: BackgroundSha256,
     offset: u64,
     patch_header: bool,
@@ -113,7 +116,7 @@ struct HashingReader {
 }
 
 impl HashingReader {
-    fn new(file: File, patch_header: bool) -> Result<HashingReader> {
+    fn new(file: Lease, patch_header: bool) -> Result<HashingReader> {
         Ok(HashingReader {
             file,
             hasher: BackgroundSha256::new()?,
@@ -129,7 +132,7 @@ impl Read for HashingReader {
         // At most a chunk at a time, even into SQLite's whole-file buffer,
         // so the helper thread hashes one chunk while the next is read.
         let len = buf.len().min(CHUNK);
-        let n = self.file.read(&mut buf[..len])?;
+        let n = self.file.file().read_at(&mut buf[..len], self.offset)?;
         self.hasher.update(&buf[..n])?;
         for (i, byte) in buf[..n].iter_mut().enumerate() {
             let at = self.offset + i as u64;
@@ -153,16 +156,19 @@ struct Pass {
     header: [u8; 20],
 }
 
-fn open_checked(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<(File, Metadata)> {
+fn open_checked(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<(Lease, Metadata)> {
     fsguard::verify_identity(path, identity)?;
     if fsguard::sidecar_state(path) != Sidecars::Closed {
         return Err(Error::Conflict(
             "read-only snapshot requires a closed WAL database",
         ));
     }
-    let file =
-        File::open(&path.file).map_err(|_| Error::Conflict("snapshot cannot be read safely"))?;
+    let file = held_files::lease(Some((identity.dev, identity.ino)), || {
+        File::open(&path.file)
+    })
+    .map_err(|_| Error::Conflict("snapshot cannot be read safely"))?;
     let meta = file
+        .file()
         .metadata()
         .map_err(|_| Error::Conflict("snapshot cannot be read safely"))?;
     if meta.dev() != identity.dev || meta.ino() != identity.ino || meta.nlink() != 1 {
@@ -180,7 +186,7 @@ fn finish(
     path: &DbPath,
     identity: Identity,
 ) -> Result<Pass> {
-    let after = reader.file.metadata().map_err(|_| CHANGED)?;
+    let after = reader.file.file().metadata().map_err(|_| CHANGED)?;
     if Signature::of(&before) != Signature::of(&after) || reader.offset != after.size() {
         return Err(CHANGED);
     }
@@ -233,7 +239,8 @@ pub fn load(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<Connect
         .map_err(|_| Error::Conflict("deserialization failed"))?;
     // Anything past the size seen at open means the file grew meanwhile.
     let mut probe = [0u8; 1];
-    if reader.file.read(&mut probe).map_err(|_| CHANGED)? != 0 {
+    let beyond = reader.file.file().read_at(&mut probe, reader.offset);
+    if beyond.map_err(|_| CHANGED)? != 0 {
         return Err(CHANGED);
     }
     let second = finish(reader, meta, path, identity)?;

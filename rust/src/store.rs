@@ -15,6 +15,7 @@ use crate::doctor;
 use crate::errors::{Error, Result};
 use crate::events;
 use crate::fsguard::{self, DbPath, Identity, Sidecars};
+use crate::held_files::Lease;
 use crate::schema::{self, Found};
 use crate::snapshot;
 
@@ -130,6 +131,9 @@ pub struct Store {
     /// [`Store::reopen_if_wal_unlinked`]. Declared after `conn`, so it is
     /// closed after the connection.
     wal: Option<File>,
+    /// This handle's use of the process's one descriptor on the file,
+    /// released after `conn` (declared after it): see `held_files`.
+    _file_lease: Option<Lease>,
     backing: Backing,
     busy_timeout_ms: u32,
     durability: Durability,
@@ -159,11 +163,12 @@ impl Store {
             return Store::open_read_only(path, opts);
         }
         fsguard::secure_sidecars(&path, true)?;
-        let identity = fsguard::prepare_file(&path, true)?;
+        let (identity, lease) = fsguard::prepare_file(&path, true)?;
         let conn = open_writable(&path)?;
         let mut store = Store {
             conn,
             wal: None,
+            _file_lease: Some(lease),
             backing: Backing::File {
                 path: path.clone(),
                 identity,
@@ -205,6 +210,7 @@ impl Store {
         let mut store = Store {
             conn: Connection::open_in_memory()?,
             wal: None,
+            _file_lease: None,
             backing: Backing::Memory,
             busy_timeout_ms,
             durability: Durability::Normal,
@@ -216,7 +222,7 @@ impl Store {
     }
 
     fn open_read_only(path: DbPath, opts: &OpenOptions) -> Result<Store> {
-        let identity = fsguard::prepare_file(&path, false)?;
+        let (identity, lease) = fsguard::prepare_file(&path, false)?;
         fsguard::secure_sidecars(&path, false)?;
         let (conn, journal_mode) = match fsguard::sidecar_state(&path) {
             Sidecars::Incomplete => {
@@ -246,6 +252,7 @@ impl Store {
         let mut store = Store {
             conn,
             wal: None,
+            _file_lease: Some(lease),
             backing: Backing::ReadOnly {
                 journal_mode,
                 path,
