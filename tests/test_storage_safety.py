@@ -170,6 +170,64 @@ def test_a_read_only_handle_notices_its_file_changing_identity(
         writer.close()
 
 
+def _replace(db: Path) -> None:
+    impostor = db.with_name("impostor.db")
+    Ledger(impostor).close()
+    os.replace(impostor, db)
+
+
+def _link_from_another_directory(db: Path) -> None:
+    elsewhere = db.parent.parent / f"{db.parent.name}-elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.link(db, elsewhere / "second-name.db")
+
+
+_NAME_CHANGES = {
+    "replaced": _replace,
+    "deleted": lambda db: db.unlink(),
+    "renamed_away": lambda db: db.rename(db.with_name("moved.db")),
+    "linked_beside": lambda db: os.link(db, db.with_name("second-name.db")),
+    "linked_from_another_directory": _link_from_another_directory,
+}
+
+
+def test_a_directory_that_stood_still_still_reveals_every_change_of_name(
+    tmp_path: Path,
+) -> None:
+    """The names in the directory are looked up again only when its times
+    move; once they have stood still long enough to be trusted, a file
+    replaced, deleted, renamed or linked is still refused on the next call,
+    and a WAL unlinked by another copy of SQLite is still replaced before
+    the next write."""
+    import sqlite3
+    import time
+
+    ledgers = {}
+    for name in [*_NAME_CHANGES, "wal_unlinked"]:
+        folder = tmp_path / name
+        folder.mkdir(mode=0o700)
+        ledgers[name] = (Ledger(folder / "ledger.db"), folder / "ledger.db")
+        ledgers[name][0].create_task()
+    time.sleep(2.5)  # longer than the directory must stand still
+    for ledger, _ in ledgers.values():
+        ledger.list_tasks(limit=1)  # checks the names, trusts the directory
+    for name, change in _NAME_CHANGES.items():
+        ledger, db = ledgers[name]
+        change(db)
+        with pytest.raises(StateConflict):
+            ledger.create_task()
+        ledger.close()
+    ledger, db = ledgers["wal_unlinked"]
+    inspect = sqlite3.connect(db)
+    inspect.execute("SELECT count(*) FROM tasks").fetchone()
+    inspect.close()  # takes itself for the last connection: unlinks the WAL
+    assert not Path(f"{db}-wal").exists()
+    task = ledger.create_task()
+    with Ledger(db, read_only=True) as other:
+        assert other.get_task(task.id) == task
+    ledger.close()
+
+
 def test_durability_full_switches_synchronous(tmp_path: Path) -> None:
     with Ledger(tmp_path / "n.db") as normal:
         assert normal.storage_info()["synchronous"] == "normal"

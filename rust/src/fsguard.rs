@@ -117,13 +117,62 @@ pub fn prepare_parent(path: &DbPath, create: bool) -> Result<()> {
 const UNSAFE: Error = Error::Invalid("database parent permissions are unsafe");
 
 /// The directory holding the file belongs to us and nobody else may write
-/// to it: checked before every operation, as it is the cheap half.
-pub fn check_direct_parent(path: &DbPath, euid: u32) -> Result<()> {
+/// to it: checked before every operation, as it is the cheap half. Returns
+/// what the check saw, for [`DirStamp`].
+pub fn check_direct_parent(path: &DbPath, euid: u32) -> Result<Metadata> {
     let meta = fs::metadata(&path.parent).map_err(|_| UNSAFE)?;
     if meta.uid() != euid || meta.mode() & 0o022 != 0 {
         return Err(UNSAFE);
     }
-    Ok(())
+    Ok(meta)
+}
+
+/// How long a directory must have stood unchanged before its times can
+/// vouch for its names: any later change is then stamped with a different
+/// time, even on a file system that keeps whole seconds.
+const SETTLED_SECONDS: i64 = 2;
+
+/// The parent directory as seen when the names in it (the database and its
+/// WAL) were last checked. Adding, removing or renaming a name changes the
+/// directory's modification and change times, so while the directory shows
+/// the same identity and times, the names still lead where they did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirStamp {
+    dev: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl DirStamp {
+    fn of(meta: &Metadata) -> DirStamp {
+        DirStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// The stamp of a directory whose last change is old enough to rely
+    /// on; `None` for a recent one (a change within the same clock tick
+    /// could keep its times), which is then checked name by name.
+    #[must_use]
+    pub fn settled(meta: &Metadata) -> Option<DirStamp> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?;
+        let now = i64::try_from(now.as_secs()).ok()?;
+        let stamp = DirStamp::of(meta);
+        let last_change = stamp.mtime.0.max(stamp.ctime.0);
+        (now.checked_sub(last_change)? >= SETTLED_SECONDS).then_some(stamp)
+    }
+
+    /// Whether the directory `meta` describes is this one, unchanged.
+    #[must_use]
+    pub fn still(&self, meta: &Metadata) -> bool {
+        DirStamp::of(meta) == *self
+    }
 }
 
 /// The direct parent must belong to us and be writable by nobody else;
@@ -207,6 +256,16 @@ fn secure_mode(file: &File, meta: &Metadata, writable: bool) -> Result<()> {
         return Err(Error::Invalid("database permissions cannot be secured"));
     }
     Ok(())
+}
+
+/// The file opened is still one regular file with one name: through the
+/// process's own descriptor, so no path is walked. A link made to it
+/// anywhere, or its deletion, shows in its link count.
+pub fn verify_single_link(file: &File) -> Result<()> {
+    match file.metadata() {
+        Ok(meta) if is_single_regular(&meta) => Ok(()),
+        _ => Err(Error::Conflict("database file identity changed")),
+    }
 }
 
 /// The file at the database name is still the one opened.

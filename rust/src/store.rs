@@ -14,7 +14,7 @@ use crate::busy;
 use crate::doctor;
 use crate::errors::{Error, Result};
 use crate::events;
-use crate::fsguard::{self, DbPath, Identity, Sidecars};
+use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
 use crate::schema::{self, Found};
 use crate::snapshot;
@@ -133,7 +133,9 @@ pub struct Store {
     wal: Option<File>,
     /// This handle's use of the process's one descriptor on the file,
     /// released after `conn` (declared after it): see `held_files`.
-    _file_lease: Option<Lease>,
+    file_lease: Option<Lease>,
+    /// The directory as it stood when the names in it were last checked.
+    names_checked: Option<DirStamp>,
     backing: Backing,
     busy_timeout_ms: u32,
     durability: Durability,
@@ -168,7 +170,8 @@ impl Store {
         let mut store = Store {
             conn,
             wal: None,
-            _file_lease: Some(lease),
+            file_lease: Some(lease),
+            names_checked: None,
             backing: Backing::File {
                 path: path.clone(),
                 identity,
@@ -210,7 +213,8 @@ impl Store {
         let mut store = Store {
             conn: Connection::open_in_memory()?,
             wal: None,
-            _file_lease: None,
+            file_lease: None,
+            names_checked: None,
             backing: Backing::Memory,
             busy_timeout_ms,
             durability: Durability::Normal,
@@ -252,7 +256,8 @@ impl Store {
         let mut store = Store {
             conn,
             wal: None,
-            _file_lease: Some(lease),
+            file_lease: Some(lease),
+            names_checked: None,
             backing: Backing::ReadOnly {
                 journal_mode,
                 path,
@@ -423,28 +428,42 @@ impl Store {
         outcome
     }
 
-    /// Before every operation on a file: the name still points at the file
-    /// opened, and its directory is still private. The ancestors above it
-    /// were checked at open; walking them again on every call cost a stat
-    /// per path component for each operation (the peer's weak spot #2).
-    fn verify(&self) -> Result<()> {
-        match &self.backing {
-            Backing::File {
-                path,
-                identity,
-                euid,
+    /// Before every operation on a file: its directory is still private,
+    /// the file opened still has one name, that name still leads to it and
+    /// the WAL the connection writes still has its name. The ancestors
+    /// above it were checked at open; walking them again on every call cost
+    /// a stat per path component for each operation (the peer's weak spot
+    /// #2).
+    ///
+    /// The names are looked up again only when the directory's times have
+    /// moved since they were last found right ([`DirStamp`]): a stat of the
+    /// WAL on every call also made the kernel stamp every WAL write with a
+    /// fine-grained time, an inode update per commit.
+    fn verify(&mut self) -> Result<()> {
+        let (parent, unchanged) = match &self.backing {
+            Backing::File { path, euid, .. } | Backing::ReadOnly { path, euid, .. } => {
+                let parent = fsguard::check_direct_parent(path, *euid)?;
+                if let Some(lease) = &self.file_lease {
+                    fsguard::verify_single_link(lease.file())?;
+                }
+                let unchanged = self.names_checked.is_some_and(|s| s.still(&parent));
+                (parent, unchanged)
             }
-            | Backing::ReadOnly {
-                path,
-                identity,
-                euid,
-                ..
-            } => {
-                fsguard::verify_identity(path, *identity)?;
-                fsguard::check_direct_parent(path, *euid)
-            }
-            Backing::Memory => Ok(()),
+            Backing::Memory => return Ok(()),
+        };
+        if unchanged {
+            return Ok(());
         }
+        if let Backing::File { path, identity, .. } | Backing::ReadOnly { path, identity, .. } =
+            &self.backing
+        {
+            fsguard::verify_identity(path, *identity)?;
+        }
+        self.reopen_if_wal_unlinked()?;
+        // Stamped as the directory was *before* the names were checked: a
+        // change made meanwhile shows at the next call.
+        self.names_checked = DirStamp::settled(&parent);
+        Ok(())
     }
 
     /// SQLite deletes a WAL when its last connection closes, and judges
@@ -455,9 +474,9 @@ impl Store {
     /// and `-shm` under this connection, which would go on committing into
     /// a file nobody else sees and that is gone on a crash.
     ///
-    /// So before each call: if our handle on the WAL shows no name left,
-    /// the connection is replaced. The old one is closed without a
-    /// checkpoint (its WAL and shared-memory views are stale, and copying
+    /// So before a call (once the directory shows a change): if our handle
+    /// on the WAL shows no name left, the connection is replaced. The old
+    /// one is closed without a checkpoint (its WAL and shared-memory views are stale, and copying
     /// them back could overwrite newer pages) and before the new one opens,
     /// as closing releases the process's locks on the file.
     fn reopen_if_wal_unlinked(&mut self) -> Result<()> {
@@ -501,7 +520,6 @@ impl Store {
             return Err(Error::Conflict("ledger is read-only"));
         }
         self.verify()?;
-        self.reopen_if_wal_unlinked()?;
         self.transaction(TransactionBehavior::Immediate, op)
     }
 
@@ -519,7 +537,6 @@ impl Store {
     /// Runs `op` in one read transaction: one consistent snapshot.
     pub fn read<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.verify()?;
-        self.reopen_if_wal_unlinked()?;
         self.transaction(TransactionBehavior::Deferred, op)
     }
 
@@ -560,7 +577,6 @@ impl Store {
     /// fail, and the report must survive that.
     fn check_snapshot(&mut self) -> Result<doctor::Report> {
         self.verify()?;
-        self.reopen_if_wal_unlinked()?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Deferred)?;
