@@ -152,6 +152,10 @@ def test_charge_one_thread(benchmark, private_dir: Path) -> None:
         parent = ledger.create_task(llm_calls_budget=None)
         task = ledger.create_task(parent_id=parent.id, llm_calls_budget=None)
         ledger.claim(task.id, "w")
+        # Steady state of a long-lived worker: its directory has stood still
+        # for the two seconds after which per-call checks trust its times
+        # (until then every call looks the file's names up again).
+        time.sleep(2.1)
 
         def charges() -> None:
             for _ in range(N_CHARGES):
