@@ -582,11 +582,6 @@ BAD_CLOCKS: list[tuple[str, Callable[[], Any]]] = [
     ("list", lambda: []),
     ("object", object),
     ("huge-int", lambda: 10**400),
-    ("raises-runtime", _Raising(RuntimeError(MARKER))),
-    ("raises-value", _Raising(ValueError(MARKER))),
-    ("raises-type", _Raising(TypeError(MARKER))),
-    ("raises-overflow", _Raising(OverflowError(MARKER))),
-    ("raises-zero-division", _Raising(ZeroDivisionError(MARKER))),
 ]
 
 WRITES: dict[str, Callable[[Ledger, Seeded], object]] = {
@@ -612,6 +607,27 @@ def test_bad_clock_value_is_invalid_input_and_writes_nothing(
 ) -> None:
     with Ledger(db_path, clock=bad_clock) as other:
         assert_refused(db_path, lambda: WRITES[write](other, seeded))
+
+
+RAISED = [RuntimeError, ValueError, TypeError, OverflowError, ZeroDivisionError]
+RAISED += [KeyboardInterrupt, SystemExit]
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+@pytest.mark.parametrize("raised", RAISED, ids=[r.__name__ for r in RAISED])
+def test_a_raising_clock_passes_its_own_exception_and_writes_nothing(
+    seeded: Seeded, db_path: Path, write: str, raised: type[BaseException]
+) -> None:
+    """As from any Python callable (and as in the peer): the caller gets the
+    clock's exception itself, so Ctrl-C stays a KeyboardInterrupt that no
+    retry loop catching InvalidInput swallows; nothing is written."""
+    before = logical_dump(db_path)
+    with (
+        Ledger(db_path, clock=_Raising(raised(MARKER))) as other,
+        pytest.raises(raised, match=MARKER),
+    ):
+        WRITES[write](other, seeded)
+    assert logical_dump(db_path) == before
 
 
 def test_deadline_overflow_at_start_is_invalid_input(

@@ -354,7 +354,10 @@ _TWO_HANDLE_WORKER = """
 import os, sqlite3, subprocess, sys, time
 from taskwarden import Ledger
 path, second = sys.argv[1], sys.argv[2]
-OUTSIDER = "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT 1 FROM tasks'); c.close()"
+OUTSIDER = (
+    "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+    "c.execute('SELECT 1 FROM tasks'); c.close()"
+)
 ticks = []
 def clock():
     if len(ticks) == 1:

@@ -26,6 +26,10 @@ pub enum Error {
     Storage(&'static str),
     /// A bug or an impossible state: CLI exit 3.
     Internal(&'static str),
+    /// The caller's clock raised. Its own exception reaches the caller, as
+    /// from any Python callable: a `KeyboardInterrupt` stays one, a retry
+    /// loop never mistakes it for bad input. Nothing was written.
+    Clock(PyErr),
 }
 
 /// The `Result` of the core.
@@ -40,6 +44,7 @@ impl fmt::Display for Error {
             Error::Busy => f.write_str("ledger is busy: write lock not acquired in time"),
             Error::Full => f.write_str("storage is full: nothing was written"),
             Error::Corrupt => f.write_str("database file is corrupt or not a ledger"),
+            Error::Clock(err) => write!(f, "the clock raised {err}"),
         }
     }
 }
@@ -99,6 +104,7 @@ impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
         let msg = err.to_string();
         match err {
+            Error::Clock(raised) => raised,
             Error::Invalid(_) => py::InvalidInput::new_err(msg),
             Error::NotFound => py::TaskNotFound::new_err(msg),
             Error::Conflict(_) | Error::Corrupt => py::StateConflict::new_err(msg),

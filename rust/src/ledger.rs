@@ -41,10 +41,7 @@ impl LedgerCore {
             None => system_now(),
             Some(clock) => Python::attach(|py| {
                 let _running = ClockCall::enter(self);
-                let value = clock
-                    .bind(py)
-                    .call0()
-                    .map_err(|_| Error::Invalid("clock failed"))?;
+                let value = clock.bind(py).call0().map_err(Error::Clock)?;
                 convert::timestamp(&value)
             }),
         }
