@@ -326,6 +326,28 @@ def test_live_wal_is_read_in_place(tmp_path: Path) -> None:
         assert ledger.get_task(ids["r_stale"]).status == "running"  # nothing was applied
 
 
+def test_a_writer_opened_after_a_live_read_only_handle_is_refused_clearly(
+    tmp_path: Path,
+) -> None:
+    """SQLite maps a WAL's shared memory once per process, read-only when a
+    read-only handle maps it first, and a writer sharing that mapping could
+    never commit. So the writable open is refused at once, with a reason,
+    while such a handle is open; once it is closed, or when the writer came
+    first, both work side by side."""
+    path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    with held_open(HOLDER, str(path), tid(1000), "60.0"):
+        with Ledger(path, read_only=True) as reader:
+            with pytest.raises(StateConflict, match="read-only handle"):
+                Ledger(path)
+            assert reader.get_task(ids["delivered"]).delivery_status == "delivered"
+        with Ledger(path) as writer:
+            created = writer.create_task()
+            with Ledger(path, read_only=True) as reader:
+                assert reader.get_task(created.id) == created
+                with Ledger(path) as second_writer:
+                    assert second_writer.create_task().status == "queued"
+
+
 @pytest.mark.parametrize("kind", ["peer_v1", "peer_v2"])
 def test_live_wal_peer_file_previews_without_migrating(tmp_path: Path, kind: str) -> None:
     expected = peer_previews(tmp_path)

@@ -26,6 +26,19 @@ struct Entry {
     /// closing them could drop locks too, so they live as long as it does.
     strays: Vec<File>,
     leases: usize,
+    /// Handles whose connection writes (see [`Lease::enter_as_writer`]).
+    writers: usize,
+    /// Read-only handles that made SQLite map the WAL's shared memory
+    /// read-only (see [`Lease::enter_as_reader`]).
+    readonly_shm: usize,
+}
+
+/// What a lease's handle does with the file's shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Other,
+    Writer,
+    ReadOnlyShm,
 }
 
 static HELD: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -42,6 +55,9 @@ fn held() -> MutexGuard<'static, Vec<Entry>> {
 pub struct Lease {
     key: Key,
     file: Arc<File>,
+    /// The process that took it: a forked child's copy does not count.
+    pid: u32,
+    role: Role,
 }
 
 impl Lease {
@@ -51,12 +67,60 @@ impl Lease {
     pub fn file(&self) -> &File {
         &self.file
     }
+
+    /// SQLite keeps one shared-memory mapping of a WAL per file and
+    /// process, made writable or read-only by the first connection to map
+    /// it; a writer that came later could not commit at all. So a writable
+    /// handle is refused (`false`) while a read-only one holds the mapping
+    /// read-only, and counts as a writer otherwise.
+    pub fn enter_as_writer(&mut self) -> bool {
+        self.enter(|entry| {
+            (entry.readonly_shm == 0).then(|| {
+                entry.writers += 1;
+                Role::Writer
+            })
+        })
+    }
+
+    /// A read-only handle on a live WAL, about to open SQLite's read-only
+    /// connection: with no writer in the process, that maps the shared
+    /// memory read-only, and later writers must wait for it to close.
+    pub fn enter_as_reader(&mut self) {
+        self.enter(|entry| {
+            (entry.writers == 0).then(|| {
+                entry.readonly_shm += 1;
+                Role::ReadOnlyShm
+            })
+        });
+    }
+
+    fn enter(&mut self, judge: impl FnOnce(&mut Entry) -> Option<Role>) -> bool {
+        let mut held = held();
+        let Some(entry) = held.iter_mut().find(|e| e.key == self.key) else {
+            return false;
+        };
+        match judge(entry) {
+            Some(role) => {
+                self.role = role;
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            return; // the registry was the parent's (see `forget_inherited`)
+        }
         let mut held = held();
         if let Some(at) = held.iter().position(|e| e.key == self.key) {
+            match self.role {
+                Role::Writer => held[at].writers -= 1,
+                Role::ReadOnlyShm => held[at].readonly_shm -= 1,
+                Role::Other => {}
+            }
             held[at].leases -= 1;
             if held[at].leases == 0 {
                 held.swap_remove(at);
@@ -87,6 +151,8 @@ pub fn lease(expected: Option<Key>, open: impl FnOnce() -> io::Result<File>) -> 
         file: Arc::new(file),
         strays: Vec::new(),
         leases: 0,
+        writers: 0,
+        readonly_shm: 0,
     });
     let last = held.len() - 1;
     Ok(take(&mut held[last]))
@@ -97,6 +163,21 @@ fn take(entry: &mut Entry) -> Lease {
     Lease {
         key: entry.key,
         file: Arc::clone(&entry.file),
+        pid: std::process::id(),
+        role: Role::Other,
+    }
+}
+
+/// In a forked child, once the inherited connections are closed: the
+/// parent's descriptors are dropped (closing the child's copies drops no
+/// lock of the child's), so that the child's own handles start afresh.
+/// Leases the child still holds from the parent keep their file open.
+pub fn forget_inherited() {
+    match HELD.try_lock() {
+        Ok(mut held) => held.clear(),
+        Err(std::sync::TryLockError::Poisoned(held)) => held.into_inner().clear(),
+        // Held by a thread that did not survive the fork: left as it is.
+        Err(std::sync::TryLockError::WouldBlock) => {}
     }
 }
 

@@ -3,7 +3,7 @@
 //! turns the result back into Python values afterwards.
 
 use std::cell::RefCell;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
@@ -11,6 +11,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::convert;
 use crate::errors::{Error, Result};
+use crate::fork_guard;
 use crate::reconcile::{self, Policy};
 use crate::retention::{self, PurgeReport};
 use crate::snapshot;
@@ -23,7 +24,9 @@ use crate::{charge, claim, objects};
 /// mutex that is only ever taken with the interpreter detached.
 #[pyclass(frozen, module = "taskwarden._core")]
 pub struct LedgerCore {
-    store: Mutex<Option<Store>>,
+    store: Arc<fork_guard::Slot>,
+    /// The process that opened it: the only one that may use it.
+    opened_by: u32,
     /// `None` means the system clock; otherwise a Python callable.
     clock: Option<Py<PyAny>>,
 }
@@ -36,6 +39,16 @@ fn system_now() -> Result<f64> {
 }
 
 impl LedgerCore {
+    fn holding(store: Store, clock: Option<Py<PyAny>>) -> LedgerCore {
+        let store = Arc::new(Mutex::new(Some(store)));
+        fork_guard::register(&store);
+        LedgerCore {
+            store,
+            opened_by: std::process::id(),
+            clock,
+        }
+    }
+
     fn now(&self) -> Result<f64> {
         match &self.clock {
             None => system_now(),
@@ -51,6 +64,11 @@ impl LedgerCore {
     /// ledger's call holds the store, so a clock calling back into the same
     /// ledger would wait for itself forever: it is refused instead.
     fn lock_store(&self) -> Result<MutexGuard<'_, Option<Store>>> {
+        // Before the lock: in a forked child, a call another thread was
+        // making at the fork holds it for ever.
+        if std::process::id() != self.opened_by {
+            return Err(fork_guard::INHERITED);
+        }
         if ClockCall::is_running(self) {
             return Err(Error::Conflict("the ledger's clock called back into it"));
         }
@@ -177,10 +195,7 @@ impl LedgerCore {
             euid,
         };
         let store = py.detach(|| Store::open(&path, &opts))?;
-        Ok(LedgerCore {
-            store: Mutex::new(Some(store)),
-            clock,
-        })
+        Ok(LedgerCore::holding(store, clock))
     }
 
     /// A private in-memory ledger (for tests).
@@ -191,14 +206,16 @@ impl LedgerCore {
         clock: Option<Py<PyAny>>,
     ) -> PyResult<LedgerCore> {
         let busy = busy_ms(convert::amount(busy_timeout_ms)?)?;
-        Ok(LedgerCore {
-            store: Mutex::new(Some(Store::in_memory(busy)?)),
-            clock,
-        })
+        Ok(LedgerCore::holding(Store::in_memory(busy)?, clock))
     }
 
-    /// Releases the connection; later calls raise `StateConflict`.
+    /// Releases the connection; later calls raise `StateConflict`. In a
+    /// forked child the inherited handle is already closed (or, in use at
+    /// the fork, never will be): nothing to do.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if std::process::id() != self.opened_by {
+            return Ok(());
+        }
         py.detach(|| {
             self.lock_store()?.take();
             Ok::<(), Error>(())
@@ -595,6 +612,19 @@ impl LedgerCore {
     fn is_read_only(&self, py: Python<'_>) -> PyResult<bool> {
         self.run(py, |store, _| Ok(store.is_read_only()))
     }
+}
+
+impl Drop for LedgerCore {
+    fn drop(&mut self) {
+        fork_guard::release(&mut self.store, self.opened_by);
+    }
+}
+
+/// Run by `os.register_at_fork` in a forked child: closes the ledgers it
+/// inherited, without touching their files (see `fork_guard`).
+#[pyfunction]
+pub fn close_inherited_ledgers() {
+    fork_guard::close_inherited();
 }
 
 /// SHA-256 of a payload (`str` as UTF-8, or `bytes`), lowercase hex.

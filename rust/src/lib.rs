@@ -13,6 +13,7 @@ mod convert;
 mod doctor;
 mod errors;
 mod events;
+mod fork_guard;
 mod fsguard;
 mod fsm;
 mod held_files;
@@ -40,6 +41,8 @@ mod _core {
     #[pymodule_export]
     use crate::ledger::{can_transition, non_negative_seconds, payload_fingerprint};
 
+    use crate::ledger::close_inherited_ledgers;
+
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let py = m.py();
@@ -60,6 +63,15 @@ mod _core {
             table.set_item(from.as_str(), PyTuple::new(py, targets)?)?;
         }
         m.add("TRANSITIONS", table)?;
+        // A forked child closes the ledgers it inherited before it runs
+        // anything else (see `fork_guard`).
+        let hook = PyDict::new(py);
+        hook.set_item(
+            "after_in_child",
+            wrap_pyfunction!(close_inherited_ledgers, m)?,
+        )?;
+        py.import("os")?
+            .call_method("register_at_fork", (), Some(&hook))?;
         Ok(())
     }
 }

@@ -165,7 +165,14 @@ impl Store {
             return Store::open_read_only(path, opts);
         }
         fsguard::secure_sidecars(&path, true)?;
-        let (identity, lease) = fsguard::prepare_file(&path, true)?;
+        let (identity, mut lease) = fsguard::prepare_file(&path, true)?;
+        if !lease.enter_as_writer() {
+            return Err(Error::Conflict(
+                "a read-only handle in this process has this live ledger open, and SQLite \
+                 would share its read-only memory with a writer: close it first, or open \
+                 the writable handle before the read-only one",
+            ));
+        }
         let conn = open_writable(&path)?;
         let mut store = Store {
             conn,
@@ -226,13 +233,14 @@ impl Store {
     }
 
     fn open_read_only(path: DbPath, opts: &OpenOptions) -> Result<Store> {
-        let (identity, lease) = fsguard::prepare_file(&path, false)?;
+        let (identity, mut lease) = fsguard::prepare_file(&path, false)?;
         fsguard::secure_sidecars(&path, false)?;
         let (conn, journal_mode) = match fsguard::sidecar_state(&path) {
             Sidecars::Incomplete => {
                 return Err(Error::Conflict("SQLite sidecar state is incomplete"))
             }
             Sidecars::LiveWal => {
+                lease.enter_as_reader();
                 let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
                     | OpenFlags::SQLITE_OPEN_NO_MUTEX
                     | OpenFlags::SQLITE_OPEN_URI;
@@ -597,6 +605,15 @@ impl Store {
         let mut wal = file.as_os_str().to_owned();
         wal.push("-wal");
         Some((size(file), size(std::path::Path::new(&wal))))
+    }
+
+    /// Closes the connection without the checkpoint (and WAL removal) of a
+    /// last connection: for a forked child's inherited handle, whose view
+    /// of the WAL and its shared memory is the parent's, not the file's.
+    pub fn close_without_checkpoint(self) {
+        self.conn
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+            .ok();
     }
 
     /// True for a read-only handle.

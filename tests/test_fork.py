@@ -1,0 +1,135 @@
+"""A ledger handle belongs to the process that opened it. A forked child
+inherits the parent's connections but not its locks: its inherited handles
+are refused and closed without touching the file, and the ledgers it opens
+itself take real locks. Each scenario runs in a fresh interpreter, with
+real forks, and is judged by a third process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskwarden import Ledger
+
+# The parent opens the ledger and forks. The child first tries its
+# inherited handle, then waits while the parent closes the ledger and an
+# outsider acknowledges 20 creates and crashes, leaving them in the WAL
+# only. Then the child exits the ordinary way (finalizers run), which must
+# neither checkpoint its stale view nor unlink that WAL.
+_INHERITED = """
+import os, subprocess, sys
+from taskwarden import Ledger, StateConflict
+path = sys.argv[1]
+CRASHING_WRITER = (
+    "import os, sys; from taskwarden import Ledger; ledger = Ledger(sys.argv[1]); "
+    "print(' '.join(ledger.create_task().id for _ in range(20)), flush=True); os._exit(0)"
+)
+ledger = Ledger(path)
+ledger.create_task()
+to_parent, from_child = os.pipe()
+to_child, from_parent = os.pipe()
+pid = os.fork()
+if pid == 0:
+    outcome = []
+    for call in (lambda: ledger.list_tasks(limit=1), ledger.create_task):
+        try:
+            call()
+            outcome.append("served")
+        except StateConflict as exc:
+            outcome.append("refused" if "another process" in str(exc) else repr(exc))
+    ledger.close()  # a no-op in the child, never an error
+    os.write(from_child, (" ".join(outcome) + "\\n").encode())
+    os.read(to_child, 1)
+    sys.exit(0)
+child_said = os.read(to_parent, 100).decode().split()
+ledger.close()
+crashed = subprocess.run(
+    [sys.executable, "-c", CRASHING_WRITER, path], capture_output=True, text=True, check=True
+)
+wal_after_crash = os.path.exists(path + "-wal")
+os.write(from_parent, b"x")
+_, status = os.waitpid(pid, 0)
+print(" ".join(child_said), wal_after_crash, os.path.exists(path + "-wal"), status)
+print(crashed.stdout.strip())
+"""
+
+# A forked child opens its own ledger and pauses inside a create (in its
+# clock) while the parent closes the ledger it opened before the fork. A
+# child whose connection took no real lock would let that close unlink
+# the WAL under its write.
+_OWN_LEDGER = """
+import os, sys, time
+from taskwarden import Ledger
+path = sys.argv[1]
+parent_ledger = Ledger(path)
+parent_ledger.create_task()
+to_parent, from_child = os.pipe()
+to_child, from_parent = os.pipe()
+pid = os.fork()
+if pid == 0:
+    paused = []
+    def clock():
+        if not paused:
+            paused.append(1)
+            os.write(from_child, b"in the write\\n")
+            os.read(to_child, 1)  # the parent closes its ledger now
+        return time.time()
+    own = Ledger(path, clock=clock)
+    task = own.create_task()
+    os.write(from_child, (task.id + "\\n").encode())
+    own.close()
+    os._exit(0)
+os.read(to_parent, 100)
+parent_ledger.close()
+os.write(from_parent, b"x")
+acknowledged = os.read(to_parent, 100).decode().strip()
+os.waitpid(pid, 0)
+print(acknowledged)
+"""
+
+
+def _private(tmp_path: Path) -> Path:
+    folder = tmp_path / "private"
+    folder.mkdir(mode=0o700)
+    return folder / "ledger.db"
+
+
+def _run(script: str, path: Path) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.split("\n")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork semantics tested on Linux")
+def test_a_forked_child_refuses_its_inherited_handle_and_leaves_the_file_alone(
+    tmp_path: Path,
+) -> None:
+    path = _private(tmp_path)
+    report, crashed_ids, *_ = _run(_INHERITED, path)
+    listed, created, wal_after_crash, wal_after_child, status = report.split()
+    assert (listed, created) == ("refused", "refused")
+    assert (wal_after_crash, wal_after_child, status) == ("True", "True", "0")
+    with Ledger(path) as ledger:
+        ids = crashed_ids.split()
+        assert len(ids) == 20
+        assert [ledger.get_task(i).id for i in ids] == ids
+        assert ledger.doctor()["healthy"] is True
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork semantics tested on Linux")
+def test_a_forked_child_s_own_ledger_keeps_its_write_when_the_parent_closes(
+    tmp_path: Path,
+) -> None:
+    path = _private(tmp_path)
+    acknowledged = _run(_OWN_LEDGER, path)[0]
+    with Ledger(path) as ledger:
+        assert ledger.get_task(acknowledged).id == acknowledged
+        assert ledger.doctor()["healthy"] is True
