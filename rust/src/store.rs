@@ -484,9 +484,10 @@ impl Store {
     ///
     /// So before a call (once the directory shows a change): if our handle
     /// on the WAL shows no name left, the connection is replaced. The old
-    /// one is closed without a checkpoint (its WAL and shared-memory views are stale, and copying
-    /// them back could overwrite newer pages) and before the new one opens,
-    /// as closing releases the process's locks on the file.
+    /// one is closed without a checkpoint (its WAL and shared-memory views
+    /// are stale, and copying them back could overwrite newer pages) and
+    /// before the new one opens, as closing releases the process's locks on
+    /// the file.
     fn reopen_if_wal_unlinked(&mut self) -> Result<()> {
         let unlinked = self
             .wal

@@ -2,6 +2,8 @@
 //! heartbeat, close, delivery, and the one guarded write path that every
 //! status change goes through.
 
+use std::sync::LazyLock;
+
 use rusqlite::{params, Transaction};
 
 use crate::errors::{Error, Result};
@@ -51,9 +53,14 @@ impl Fence {
     }
 }
 
+/// One task by id. Built once: nearly every call loads a task, and the
+/// statement cache is looked up by this long text.
+static LOAD_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1"));
+
 /// Loads and validates one task, if it exists.
 pub fn load(tx: &Transaction<'_>, id: &str) -> Result<Option<TaskRow>> {
-    let mut stmt = tx.prepare_cached(&format!("SELECT {COLUMNS} FROM tasks WHERE id = ?1"))?;
+    let mut stmt = tx.prepare_cached(&LOAD_SQL)?;
     let mut rows = stmt.query([id])?;
     match rows.next()? {
         Some(row) => Ok(Some(TaskRow::checked(row)?)),
