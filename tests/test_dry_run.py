@@ -362,6 +362,18 @@ def test_live_wal_peer_file_previews_without_migrating(tmp_path: Path, kind: str
     assert schema_version(path) == kind[-1]
 
 
+def test_a_live_peer_preview_leaves_writers_of_the_process_free(tmp_path: Path) -> None:
+    """A preview of a live peer file reads a private migrated copy, not the
+    WAL's shared memory: a writable handle opened beside it in the same
+    process is not refused, and migrates the file."""
+    path, _ = build_file(private_dir(tmp_path, "subject"), "peer_v2")
+    with held_open(SQLITE_HOLDER, str(path)), Ledger(path, read_only=True) as reader:
+        assert reader.storage_info()["journal_mode"] == "memory"
+        with Ledger(path) as writer:
+            assert writer.create_task().status == "queued"
+    assert schema_version(path) == "3"
+
+
 @pytest.mark.parametrize(
     "sidecars",
     [("-wal",), ("-shm",), ("-journal",), ("-wal", "-shm", "-journal")],

@@ -133,3 +133,25 @@ def test_a_forked_child_s_own_ledger_keeps_its_write_when_the_parent_closes(
     with Ledger(path) as ledger:
         assert ledger.get_task(acknowledged).id == acknowledged
         assert ledger.doctor()["healthy"] is True
+
+
+# An in-memory ledger has no file and no locks: a forked child goes on with
+# its own copy.
+_IN_MEMORY = """
+import os
+from taskwarden import Ledger
+ledger = Ledger.in_memory()
+first = ledger.create_task().id
+pid = os.fork()
+if pid == 0:
+    ledger.create_task()
+    os._exit(len(ledger.list_tasks(limit=10)))
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), len(ledger.list_tasks(limit=10)))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork semantics tested on Linux")
+def test_a_forked_child_goes_on_with_its_copy_of_an_in_memory_ledger(tmp_path: Path) -> None:
+    child_saw, parent_sees = _run(_IN_MEMORY, tmp_path / "unused.db")[0].split()
+    assert (child_saw, parent_sees) == ("2", "1")

@@ -102,6 +102,9 @@ mod py {
 
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
+        if let Error::Clock(raised) = err {
+            return raised;
+        }
         let msg = err.to_string();
         match err {
             Error::Clock(raised) => raised,

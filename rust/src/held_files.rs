@@ -31,6 +31,9 @@ struct Entry {
     /// Read-only handles that made SQLite map the WAL's shared memory
     /// read-only (see [`Lease::enter_as_reader`]).
     readonly_shm: usize,
+    /// The process that opened the descriptor: a forked child forgets the
+    /// parent's entries (see [`forget_inherited`]).
+    pid: u32,
 }
 
 /// What a lease's handle does with the file's shared memory.
@@ -54,7 +57,9 @@ fn held() -> MutexGuard<'static, Vec<Entry>> {
 /// when the last lease on it is dropped.
 pub struct Lease {
     key: Key,
-    file: Arc<File>,
+    /// Always `Some` until dropped: the drop closes it under the registry's
+    /// lock, so that no other handle opens the file in between.
+    file: Option<Arc<File>>,
     /// The process that took it: a forked child's copy does not count.
     pid: u32,
     role: Role,
@@ -63,9 +68,15 @@ pub struct Lease {
 impl Lease {
     /// The shared descriptor. Reads must be positional (`read_at`): other
     /// leases use the same file offset.
+    ///
+    /// # Panics
+    ///
+    /// Never: a lease gives up its file only when dropped.
     #[must_use]
     pub fn file(&self) -> &File {
-        &self.file
+        self.file
+            .as_deref()
+            .expect("a lease holds its file until dropped")
     }
 
     /// SQLite keeps one shared-memory mapping of a WAL per file and
@@ -83,15 +94,27 @@ impl Lease {
     }
 
     /// A read-only handle on a live WAL, about to open SQLite's read-only
-    /// connection: with no writer in the process, that maps the shared
-    /// memory read-only, and later writers must wait for it to close.
-    pub fn enter_as_reader(&mut self) {
+    /// connection. `true`: no writer is in the process, the connection may
+    /// map the shared memory read-only, and writers wait for it to close.
+    /// `false`: a writer is here, and the connection must map it writable
+    /// (whichever of the two maps it first, SQLite shares that mapping).
+    pub fn enter_as_reader(&mut self) -> bool {
         self.enter(|entry| {
             (entry.writers == 0).then(|| {
                 entry.readonly_shm += 1;
                 Role::ReadOnlyShm
             })
-        });
+        })
+    }
+
+    /// The handle no longer maps the shared memory (a read-only preview
+    /// that moved to a private copy): writers need not wait for it.
+    pub fn step_down(&mut self) {
+        let mut held = held();
+        if let Some(entry) = held.iter_mut().find(|e| e.key == self.key) {
+            leave(entry, self.role);
+        }
+        self.role = Role::Other;
     }
 
     fn enter(&mut self, judge: impl FnOnce(&mut Entry) -> Option<Role>) -> bool {
@@ -109,23 +132,29 @@ impl Lease {
     }
 }
 
+fn leave(entry: &mut Entry, role: Role) {
+    match role {
+        Role::Writer => entry.writers -= 1,
+        Role::ReadOnlyShm => entry.readonly_shm -= 1,
+        Role::Other => {}
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         if std::process::id() != self.pid {
             return; // the registry was the parent's (see `forget_inherited`)
         }
         let mut held = held();
+        let file = self.file.take();
         if let Some(at) = held.iter().position(|e| e.key == self.key) {
-            match self.role {
-                Role::Writer => held[at].writers -= 1,
-                Role::ReadOnlyShm => held[at].readonly_shm -= 1,
-                Role::Other => {}
-            }
+            leave(&mut held[at], self.role);
             held[at].leases -= 1;
             if held[at].leases == 0 {
                 held.swap_remove(at);
             }
         }
+        drop(file); // the last one closes the descriptor, still under the lock
     }
 }
 
@@ -140,7 +169,15 @@ pub fn lease(expected: Option<Key>, open: impl FnOnce() -> io::Result<File>) -> 
         return Ok(take(entry));
     }
     let file = open()?;
-    let meta = file.metadata()?;
+    let meta = match file.metadata() {
+        Ok(meta) => meta,
+        Err(e) => {
+            // Which file it is cannot be told, so neither can whether a
+            // connection holds locks on it: never closed.
+            std::mem::forget(file);
+            return Err(e);
+        }
+    };
     let key = (meta.dev(), meta.ino());
     if let Some(entry) = held.iter_mut().find(|e| e.key == key) {
         entry.strays.push(file);
@@ -153,6 +190,7 @@ pub fn lease(expected: Option<Key>, open: impl FnOnce() -> io::Result<File>) -> 
         leases: 0,
         writers: 0,
         readonly_shm: 0,
+        pid: std::process::id(),
     });
     let last = held.len() - 1;
     Ok(take(&mut held[last]))
@@ -162,23 +200,31 @@ fn take(entry: &mut Entry) -> Lease {
     entry.leases += 1;
     Lease {
         key: entry.key,
-        file: Arc::clone(&entry.file),
+        file: Some(Arc::clone(&entry.file)),
         pid: std::process::id(),
         role: Role::Other,
     }
 }
 
-/// In a forked child, once the inherited connections are closed: the
-/// parent's descriptors are dropped (closing the child's copies drops no
-/// lock of the child's), so that the child's own handles start afresh.
-/// Leases the child still holds from the parent keep their file open.
+/// The registry's lock, held by the forking thread across a fork (see
+/// `fork_guard::hold_registries`).
+pub struct ForkLock {
+    _guard: MutexGuard<'static, Vec<Entry>>,
+}
+
+/// Takes the registry's lock for the duration of a fork.
+pub fn lock_for_fork() -> ForkLock {
+    ForkLock { _guard: held() }
+}
+
+/// In a forked child, once its inherited connections are closed and before
+/// it opens a ledger of its own: the parent's entries (their counts are the
+/// parent's handles) are forgotten. Closing the child's copies of their
+/// descriptors drops no lock of the child's; leases the child still holds
+/// from the parent keep their file open.
 pub fn forget_inherited() {
-    match HELD.try_lock() {
-        Ok(mut held) => held.clear(),
-        Err(std::sync::TryLockError::Poisoned(held)) => held.into_inner().clear(),
-        // Held by a thread that did not survive the fork: left as it is.
-        Err(std::sync::TryLockError::WouldBlock) => {}
-    }
+    let me = std::process::id();
+    held().retain(|entry| entry.pid == me);
 }
 
 #[cfg(test)]

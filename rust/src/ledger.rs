@@ -25,8 +25,10 @@ use crate::{charge, claim, objects};
 #[pyclass(frozen, module = "taskwarden._core")]
 pub struct LedgerCore {
     store: Arc<fork_guard::Slot>,
-    /// The process that opened it: the only one that may use it.
-    opened_by: u32,
+    /// The process that opened the file: the only one that may use it
+    /// (`None` for an in-memory ledger, which a forked child may go on
+    /// using as its own copy).
+    opened_by: Option<u32>,
     /// `None` means the system clock; otherwise a Python callable.
     clock: Option<Py<PyAny>>,
 }
@@ -40,13 +42,21 @@ fn system_now() -> Result<f64> {
 
 impl LedgerCore {
     fn holding(store: Store, clock: Option<Py<PyAny>>) -> LedgerCore {
+        let in_memory = store.is_in_memory();
         let store = Arc::new(Mutex::new(Some(store)));
-        fork_guard::register(&store);
+        if !in_memory {
+            fork_guard::register(&store);
+        }
         LedgerCore {
             store,
-            opened_by: std::process::id(),
+            opened_by: (!in_memory).then(std::process::id),
             clock,
         }
+    }
+
+    /// Whether this file handle came from a parent process by a fork.
+    fn inherited(&self) -> bool {
+        self.opened_by.is_some_and(|pid| pid != std::process::id())
     }
 
     fn now(&self) -> Result<f64> {
@@ -66,7 +76,7 @@ impl LedgerCore {
     fn lock_store(&self) -> Result<MutexGuard<'_, Option<Store>>> {
         // Before the lock: in a forked child, a call another thread was
         // making at the fork holds it for ever.
-        if std::process::id() != self.opened_by {
+        if self.inherited() {
             return Err(fork_guard::INHERITED);
         }
         if ClockCall::is_running(self) {
@@ -194,7 +204,10 @@ impl LedgerCore {
                 .map_or(snapshot::DEFAULT_MAX_BYTES, |v| v as u64),
             euid,
         };
-        let store = py.detach(|| Store::open(&path, &opts))?;
+        let store = py.detach(|| {
+            fork_guard::close_inherited();
+            Store::open(&path, &opts)
+        })?;
         Ok(LedgerCore::holding(store, clock))
     }
 
@@ -210,10 +223,10 @@ impl LedgerCore {
     }
 
     /// Releases the connection; later calls raise `StateConflict`. In a
-    /// forked child the inherited handle is already closed (or, in use at
-    /// the fork, never will be): nothing to do.
+    /// forked child an inherited handle is closed when the child opens a
+    /// ledger of its own (or, in use at the fork, never): nothing to do.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        if std::process::id() != self.opened_by {
+        if self.inherited() {
             return Ok(());
         }
         py.detach(|| {
@@ -616,15 +629,22 @@ impl LedgerCore {
 
 impl Drop for LedgerCore {
     fn drop(&mut self) {
-        fork_guard::release(&mut self.store, self.opened_by);
+        if let Some(pid) = self.opened_by {
+            fork_guard::release(&mut self.store, pid);
+        }
     }
 }
 
-/// Run by `os.register_at_fork` in a forked child: closes the ledgers it
-/// inherited, without touching their files (see `fork_guard`).
+/// `os.register_at_fork(before=...)`: see `fork_guard::hold_registries`.
 #[pyfunction]
-pub fn close_inherited_ledgers() {
-    fork_guard::close_inherited();
+pub fn hold_registries_for_fork() {
+    fork_guard::hold_registries();
+}
+
+/// `os.register_at_fork(after_in_parent=..., after_in_child=...)`.
+#[pyfunction]
+pub fn free_registries_after_fork() {
+    fork_guard::free_registries();
 }
 
 /// SHA-256 of a payload (`str` as UTF-8, or `bytes`), lowercase hex.

@@ -40,8 +40,7 @@ mod _core {
     use crate::ledger::LedgerCore;
     #[pymodule_export]
     use crate::ledger::{can_transition, non_negative_seconds, payload_fingerprint};
-
-    use crate::ledger::close_inherited_ledgers;
+    use crate::ledger::{free_registries_after_fork, hold_registries_for_fork};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -63,15 +62,14 @@ mod _core {
             table.set_item(from.as_str(), PyTuple::new(py, targets)?)?;
         }
         m.add("TRANSITIONS", table)?;
-        // A forked child closes the ledgers it inherited before it runs
-        // anything else (see `fork_guard`).
-        let hook = PyDict::new(py);
-        hook.set_item(
-            "after_in_child",
-            wrap_pyfunction!(close_inherited_ledgers, m)?,
-        )?;
+        // No registry lock is inherited held by a thread the child lacks.
+        let hooks = PyDict::new(py);
+        let free = wrap_pyfunction!(free_registries_after_fork, m)?;
+        hooks.set_item("before", wrap_pyfunction!(hold_registries_for_fork, m)?)?;
+        hooks.set_item("after_in_parent", &free)?;
+        hooks.set_item("after_in_child", &free)?;
         py.import("os")?
-            .call_method("register_at_fork", (), Some(&hook))?;
+            .call_method("register_at_fork", (), Some(&hooks))?;
         Ok(())
     }
 }

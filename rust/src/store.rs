@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
@@ -31,6 +31,10 @@ const PAGE_SIZE: i64 = 2048;
 
 /// WAL frames between automatic checkpoints.
 const WAL_CHECKPOINT_PAGES: i64 = 10_000;
+/// How long a check of the file's names is trusted while the directory's
+/// times stand still.
+const NAMES_TRUSTED_FOR: Duration = Duration::from_secs(1);
+
 /// The WAL is truncated to at most this after a checkpoint.
 const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
 
@@ -134,8 +138,9 @@ pub struct Store {
     /// This handle's use of the process's one descriptor on the file,
     /// released after `conn` (declared after it): see `held_files`.
     file_lease: Option<Lease>,
-    /// The directory as it stood when the names in it were last checked.
-    names_checked: Option<DirStamp>,
+    /// The directory as it stood when the names in it were last checked,
+    /// and when that was.
+    names_checked: Option<(DirStamp, Instant)>,
     backing: Backing,
     busy_timeout_ms: u32,
     durability: Durability,
@@ -240,15 +245,21 @@ impl Store {
                 return Err(Error::Conflict("SQLite sidecar state is incomplete"))
             }
             Sidecars::LiveWal => {
-                lease.enter_as_reader();
                 let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
                     | OpenFlags::SQLITE_OPEN_NO_MUTEX
                     | OpenFlags::SQLITE_OPEN_URI;
                 // readonly_shm: SQLite opens -shm read-only too, so not even
                 // its read marks are written (it reads the WAL index into
                 // private memory where it must); the sidecars keep every byte.
+                // Not beside a writer of this process, which shares the
+                // mapping and must be able to write it.
+                let shm = if lease.enter_as_reader() {
+                    "&readonly_shm=1"
+                } else {
+                    ""
+                };
                 let uri = format!(
-                    "file:{}?mode=ro&readonly_shm=1",
+                    "file:{}?mode=ro{shm}",
                     uri_escape(&path.file.to_string_lossy())
                 );
                 let conn = Connection::open_with_flags(uri, flags)
@@ -311,6 +322,11 @@ impl Store {
                         let copy = snapshot::copy_of(&mut self.conn)?;
                         events::register_sql_functions(&copy)?;
                         self.conn = copy;
+                        // The live connection and its read-only mapping
+                        // of the shared memory are gone.
+                        if let Some(lease) = &mut self.file_lease {
+                            lease.step_down();
+                        }
                     }
                 }
                 // Ungated: the copy is private, and a damaged file must
@@ -444,9 +460,12 @@ impl Store {
     /// #2).
     ///
     /// The names are looked up again only when the directory's times have
-    /// moved since they were last found right ([`DirStamp`]): a stat of the
-    /// WAL on every call also made the kernel stamp every WAL write with a
-    /// fine-grained time, an inode update per commit.
+    /// moved since they were last found right ([`DirStamp`]), and at least
+    /// every [`NAMES_TRUSTED_FOR`] (for what leaves a directory's times
+    /// alone: a bind mount over the file, a file system with coarse or
+    /// cached times). A stat of the WAL on every call also made the kernel
+    /// stamp every WAL write with a fine-grained time, an inode update per
+    /// commit.
     fn verify(&mut self) -> Result<()> {
         let (parent, unchanged) = match &self.backing {
             Backing::File { path, euid, .. } | Backing::ReadOnly { path, euid, .. } => {
@@ -454,7 +473,9 @@ impl Store {
                 if let Some(lease) = &self.file_lease {
                     fsguard::verify_single_link(lease.file())?;
                 }
-                let unchanged = self.names_checked.is_some_and(|s| s.still(&parent));
+                let unchanged = self.names_checked.is_some_and(|(stamp, at)| {
+                    stamp.still(&parent) && at.elapsed() < NAMES_TRUSTED_FOR
+                });
                 (parent, unchanged)
             }
             Backing::Memory => return Ok(()),
@@ -470,7 +491,7 @@ impl Store {
         self.reopen_if_wal_unlinked()?;
         // Stamped as the directory was *before* the names were checked: a
         // change made meanwhile shows at the next call.
-        self.names_checked = DirStamp::settled(&parent);
+        self.names_checked = DirStamp::settled(&parent).map(|stamp| (stamp, Instant::now()));
         Ok(())
     }
 
@@ -615,6 +636,12 @@ impl Store {
         self.conn
             .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
             .ok();
+    }
+
+    /// True for `Ledger.in_memory()`.
+    #[must_use]
+    pub fn is_in_memory(&self) -> bool {
+        matches!(self.backing, Backing::Memory)
     }
 
     /// True for a read-only handle.
