@@ -470,9 +470,6 @@ impl Store {
         let (parent, unchanged) = match &self.backing {
             Backing::File { path, euid, .. } | Backing::ReadOnly { path, euid, .. } => {
                 let parent = fsguard::check_direct_parent(path, *euid)?;
-                if let Some(lease) = &self.file_lease {
-                    fsguard::verify_single_link(lease.file())?;
-                }
                 let unchanged = self.names_checked.is_some_and(|(stamp, at)| {
                     stamp.still(&parent) && at.elapsed() < NAMES_TRUSTED_FOR
                 });
@@ -481,7 +478,12 @@ impl Store {
             Backing::Memory => return Ok(()),
         };
         if unchanged {
-            return Ok(());
+            // The name's lookup below also counts the links; here only
+            // the descriptor is asked.
+            return match &self.file_lease {
+                Some(lease) => fsguard::verify_single_link(lease.file()),
+                None => Ok(()),
+            };
         }
         if let Backing::File { path, identity, .. } | Backing::ReadOnly { path, identity, .. } =
             &self.backing
