@@ -1,5 +1,6 @@
-"""Shared fixtures: ledger paths, a controllable clock, the CLI runner and a
-logical dump of a ledger file (to prove that refused calls write nothing)."""
+"""Shared fixtures: ledger paths, a controllable clock, the CLI runner, a
+runner for worker scripts in a fresh interpreter and a logical dump of a
+ledger file (to prove that refused calls write nothing)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import contextlib
 import io
 import json
 import sqlite3
+import subprocess
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,6 +75,19 @@ def run_cli(*argv: str) -> tuple[int, Any, str]:
     except ValueError:
         parsed = None
     return code, parsed, text
+
+
+def run_python(script: str, *args: str) -> list[str]:
+    """Run ``script`` in a fresh interpreter (real processes, real crashes);
+    its stdout, line by line. A failing script fails the test."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.split("\n")
 
 
 def logical_dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:

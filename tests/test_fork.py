@@ -6,13 +6,14 @@ real forks, and is judged by a third process."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from taskwarden import Ledger
+
+from .conftest import run_python
 
 # The parent opens the ledger and forks. The child first tries its
 # inherited handle, then waits while the parent closes the ledger and an
@@ -97,23 +98,12 @@ def _private(tmp_path: Path) -> Path:
     return folder / "ledger.db"
 
 
-def _run(script: str, path: Path) -> list[str]:
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout.split("\n")
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="fork semantics tested on Linux")
 def test_a_forked_child_refuses_its_inherited_handle_and_leaves_the_file_alone(
     tmp_path: Path,
 ) -> None:
     path = _private(tmp_path)
-    report, crashed_ids, *_ = _run(_INHERITED, path)
+    report, crashed_ids, *_ = run_python(_INHERITED, str(path))
     listed, created, wal_after_crash, wal_after_child, status = report.split()
     assert (listed, created) == ("refused", "refused")
     assert (wal_after_crash, wal_after_child, status) == ("True", "True", "0")
@@ -129,7 +119,7 @@ def test_a_forked_child_s_own_ledger_keeps_its_write_when_the_parent_closes(
     tmp_path: Path,
 ) -> None:
     path = _private(tmp_path)
-    acknowledged = _run(_OWN_LEDGER, path)[0]
+    acknowledged = run_python(_OWN_LEDGER, str(path))[0]
     with Ledger(path) as ledger:
         assert ledger.get_task(acknowledged).id == acknowledged
         assert ledger.doctor()["healthy"] is True
@@ -153,5 +143,5 @@ print(os.waitstatus_to_exitcode(status), len(ledger.list_tasks(limit=10)))
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork semantics tested on Linux")
 def test_a_forked_child_goes_on_with_its_copy_of_an_in_memory_ledger(tmp_path: Path) -> None:
-    child_saw, parent_sees = _run(_IN_MEMORY, tmp_path / "unused.db")[0].split()
+    child_saw, parent_sees = run_python(_IN_MEMORY)[0].split()
     assert (child_saw, parent_sees) == ("2", "1")

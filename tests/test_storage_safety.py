@@ -11,7 +11,7 @@ import pytest
 
 from taskwarden import InvalidInput, Ledger, StateConflict
 
-from .conftest import FrozenClock, run_cli
+from .conftest import FrozenClock, run_cli, run_python
 
 
 def mode(path: Path) -> int:
@@ -324,20 +324,10 @@ def test_a_second_sqlite_copy_in_the_process_loses_no_acknowledged_write(
     """Python's sqlite3 closing its connection unlinks the WAL under the
     ledger's; the ledger notices before its next call and reconnects, so
     every acknowledged create is visible at once and survives the crash."""
-    import subprocess
-    import sys
-
     folder = tmp_path / "private"
     folder.mkdir(mode=0o700)
     path = folder / "ledger.db"
-    done = subprocess.run(
-        [sys.executable, "-c", _SECOND_COPY_WORKER, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    *ids, seen = done.stdout.split()
+    *ids, seen = run_python(_SECOND_COPY_WORKER, str(path))[0].split()
     assert (len(ids), int(seen)) == (5, 5)
     with Ledger(path) as ledger:
         assert [ledger.get_task(i).id for i in ids] == ids
@@ -381,20 +371,10 @@ def test_a_second_handle_in_the_process_keeps_the_writers_locks(
     first handle's connection holds: another process closing the ledger
     then leaves the WAL alone, and the create acknowledged across that
     close survives the crash."""
-    import subprocess
-    import sys
-
     folder = tmp_path / "private"
     folder.mkdir(mode=0o700)
     path = folder / "ledger.db"
-    done = subprocess.run(
-        [sys.executable, "-c", _TWO_HANDLE_WORKER, str(path), second],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    first, late, wal_kept = done.stdout.split()
+    first, late, wal_kept = run_python(_TWO_HANDLE_WORKER, str(path), second)[0].split()
     assert wal_kept == "True"
     with Ledger(path) as ledger:
         assert [ledger.get_task(i).id for i in (first, late)] == [first, late]
