@@ -467,16 +467,13 @@ impl Store {
     /// stamp every WAL write with a fine-grained time, an inode update per
     /// commit.
     fn verify(&mut self) -> Result<()> {
-        let (parent, unchanged) = match &self.backing {
-            Backing::File { path, euid, .. } | Backing::ReadOnly { path, euid, .. } => {
-                let parent = fsguard::check_direct_parent(path, *euid)?;
-                let unchanged = self.names_checked.is_some_and(|(stamp, at)| {
-                    stamp.still(&parent) && at.elapsed() < NAMES_TRUSTED_FOR
-                });
-                (parent, unchanged)
-            }
-            Backing::Memory => return Ok(()),
+        let Some((path, identity, euid)) = self.on_disk() else {
+            return Ok(());
         };
+        let parent = fsguard::check_direct_parent(path, euid)?;
+        let unchanged = self
+            .names_checked
+            .is_some_and(|(stamp, at)| stamp.still(&parent) && at.elapsed() < NAMES_TRUSTED_FOR);
         if unchanged {
             // The name's lookup below also counts the links; here only
             // the descriptor is asked.
@@ -485,16 +482,30 @@ impl Store {
                 None => Ok(()),
             };
         }
-        if let Backing::File { path, identity, .. } | Backing::ReadOnly { path, identity, .. } =
-            &self.backing
-        {
-            fsguard::verify_identity(path, *identity)?;
-        }
+        fsguard::verify_identity(path, identity)?;
         self.reopen_if_wal_unlinked()?;
         // Stamped as the directory was *before* the names were checked: a
         // change made meanwhile shows at the next call.
         self.names_checked = DirStamp::settled(&parent).map(|stamp| (stamp, Instant::now()));
         Ok(())
+    }
+
+    /// The file behind a file-backed handle: its path, identity and owner.
+    fn on_disk(&self) -> Option<(&DbPath, Identity, u32)> {
+        match &self.backing {
+            Backing::File {
+                path,
+                identity,
+                euid,
+            }
+            | Backing::ReadOnly {
+                path,
+                identity,
+                euid,
+                ..
+            } => Some((path, *identity, *euid)),
+            Backing::Memory => None,
+        }
     }
 
     /// SQLite deletes a WAL when its last connection closes, and judges
@@ -620,11 +631,8 @@ impl Store {
     /// Bytes of the database file and of its WAL (files only).
     #[must_use]
     pub fn file_sizes(&self) -> Option<(u64, u64)> {
-        let file = match &self.backing {
-            // The file as it is now, read-only or not: sizes touch nothing.
-            Backing::File { path, .. } | Backing::ReadOnly { path, .. } => &path.file,
-            Backing::Memory => return None,
-        };
+        // The file as it is now, read-only or not: sizes touch nothing.
+        let file = &self.on_disk()?.0.file;
         let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
         let mut wal = file.as_os_str().to_owned();
         wal.push("-wal");
