@@ -92,3 +92,20 @@ def copy_ledger(src: Path, dst: Path) -> Path:
     shutil.copyfile(src, dst)
     os.chmod(dst, 0o600)
     return dst
+
+
+def raw_set_based_timeout(path: Path) -> int:
+    """The physical floor of a reconcile apply: the same stale rows timed
+    out by one plain-SQLite UPDATE, without events or checks. Returns the
+    rows changed."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("BEGIN IMMEDIATE")
+        changed = conn.execute(
+            "UPDATE tasks SET status = 'timed_out', updated_at = ?1, ended_at = ?1, "
+            "terminal_code = 'restart_stale', version = version + 1 "
+            "WHERE status = 'running' AND updated_at <= ?2",
+            (NOW, NOW - 600.0),
+        ).rowcount
+        conn.execute("COMMIT")
+        return changed

@@ -5,7 +5,8 @@ peak memory (ru_maxrss) are its own. Run by hand:
 
 Prints one JSON object: generation, migration, reconcile apply, the
 read-only dry run of the whole file (cap raised to 1024 MiB), doctor beside
-a bare quick_check and the read-only page walk, and a purge of N fully
+a bare quick_check and the read-only page walk, the physical floor of the
+apply (one plain UPDATE of the same rows on a copy), and a purge of N fully
 closed tasks (longest batch).
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 STEP = r"""
 import json, resource, sys, time, sqlite3, contextlib
 sys.path.insert(0, {root!r})
-from benches.ledgers import NOW, DAY, copy_ledger, make_peer_ledger
+from benches.ledgers import NOW, DAY, copy_ledger, make_peer_ledger, raw_set_based_timeout
 from taskwarden import Ledger
 start = time.perf_counter()
 extra = {{}}
@@ -63,6 +64,13 @@ def main() -> None:
             " extra['ok'] = c.execute('PRAGMA quick_check').fetchall() == [('ok',)]; c.close()"
         )
     figures["doctor"] = step(f"r = Ledger({str(ours)!r}).doctor(); extra['healthy'] = r['healthy']")
+    raw = work / "raw.db"
+    figures["raw_set_based_update"] = step(
+        f"copy_ledger({str(ours)!r}, {str(raw)!r}); t = time.perf_counter();"
+        f" extra['timed_out'] = raw_set_based_timeout({str(raw)!r});"
+        " extra['update_only_s'] = round(time.perf_counter() - t, 3)"
+    )
+    raw.unlink()
     figures["reconcile_apply"] = step(
         f"l = Ledger({str(ours)!r}, clock=lambda: NOW); t = time.perf_counter();"
         f" r = l.reconcile({grace}); extra['apply_only_s'] = round(time.perf_counter() - t, 3);"

@@ -9,8 +9,6 @@ set-based ``UPDATE`` of the same rows with plain SQLite.
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from taskwarden import Ledger
 
 from .conftest import scaled
-from .ledgers import DAY, NOW, copy_ledger, make_peer_ledger
+from .ledgers import DAY, NOW, copy_ledger, make_peer_ledger, raw_set_based_timeout
 
 N_TASKS = scaled(100_000)
 GRACE = {"active_grace_seconds": 600.0, "delivery_grace_seconds": DAY}
@@ -93,20 +91,9 @@ def test_raw_set_based_update(benchmark, ours_file: Path) -> None:
     """The physical floor: the same rows timed out by one UPDATE, no events."""
     counter = [0]
 
-    def update(path: Path) -> int:
-        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("BEGIN IMMEDIATE")
-            changed = conn.execute(
-                "UPDATE tasks SET status = 'timed_out', updated_at = ?1, ended_at = ?1, "
-                "terminal_code = 'restart_stale', version = version + 1 "
-                "WHERE status = 'running' AND updated_at <= ?2",
-                (NOW, NOW - 600.0),
-            ).rowcount
-            conn.execute("COMMIT")
-            return changed
-
-    changed = benchmark.pedantic(update, setup=lambda: _fresh_copy(ours_file, counter), rounds=3)
+    changed = benchmark.pedantic(
+        raw_set_based_timeout, setup=lambda: _fresh_copy(ours_file, counter), rounds=3
+    )
     assert changed == EXPECTED_TIMEOUTS
 
 
