@@ -484,8 +484,9 @@ def test_a_refused_charge_reports_what_budget_reports(ledger: Ledger) -> None:
 def test_unknown_task_is_not_found(db_path: Path, clock: FrozenClock, method: str) -> None:
     with Ledger(db_path, clock=clock) as ledger:
         ledger.create_task()
+    amount = {"calls": 1} if method == "grant" else {}  # a grant of nothing is bad input
     with unchanged_file(db_path, clock) as ledger, pytest.raises(TaskNotFound):
-        getattr(ledger, method)(str(uuid.uuid4()))
+        getattr(ledger, method)(str(uuid.uuid4()), **amount)
 
 
 @pytest.mark.parametrize("state", ["queued", "blocked", "succeeded", "cancelled"])
@@ -543,6 +544,17 @@ def test_grant_never_lowers_a_limit(db_path: Path, clock: FrozenClock) -> None:
     with Ledger(db_path, clock=clock) as ledger:
         t = ledger.get_task(task.id)
         assert (t.llm_calls_budget, t.token_budget, t.cost_budget_micros) == (5, 5, 5)
+
+
+def test_a_grant_of_nothing_is_bad_input(db_path: Path, clock: FrozenClock) -> None:
+    """A grant without amounts (a CLI `grant` with no flags) raises no limit:
+    refused, with no event and no new version."""
+    with Ledger(db_path, clock=clock) as ledger:
+        task = ledger.create_task(llm_calls_budget=5)
+    with unchanged_file(db_path, clock) as ledger, pytest.raises(InvalidInput):
+        ledger.grant(task.id)
+    with unchanged_file(db_path, clock) as ledger, pytest.raises(InvalidInput):
+        ledger.grant(task.id, calls=0, tokens=0, cost_micros=0)
 
 
 def test_grant_and_requeue_give_an_escalated_task_a_second_chance(

@@ -411,6 +411,9 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def grant(self, i: int, calls: int, tokens: int, cost: int) -> None:
         m = self.tasks[i]
+        if calls == tokens == cost == 0:  # a grant of nothing
+            self.check_refused(InvalidInput, lambda: self.db.grant(m.id))
+            return
         result = self.db.grant(m.id, calls=calls, tokens=tokens, cost_micros=cost)
         m.limits = [
             None if lim is None else lim + a

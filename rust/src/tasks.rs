@@ -637,6 +637,11 @@ pub fn move_to(
 /// An operator raises a task's limits (never lowers them); recorded as a
 /// `budget_granted` event carrying the amounts.
 pub fn grant(tx: &Transaction<'_>, id: &str, amount: Usage, clock: Clock<'_>) -> Result<TaskRow> {
+    // A grant of nothing is a mistake (a CLI `grant` without amounts), not
+    // an operator's decision worth an event and a version.
+    if amount == Usage::default() {
+        return Err(Error::Invalid("a grant needs at least one positive amount"));
+    }
     let task = get(tx, id)?;
     let limits = crate::budget::raise(task.limits, amount)?;
     let now = clock()?;
