@@ -696,6 +696,22 @@ def test_constructor_refuses_bad_paths(fresh_dir: Path, path: Any) -> None:
     assert sorted(os.listdir(fresh_dir)) == before == []
 
 
+def test_a_path_too_long_for_sqlite_is_refused_before_any_folder_is_made(
+    fresh_dir: Path,
+) -> None:
+    """SQLite opens full paths of up to 512 bytes, sidecar suffix included:
+    the longest such path works, one byte more is bad input, and the missing
+    folders on the way to it are not created first."""
+    folders = "/".join(["d" * 100] * 4)
+    longest = f"{fresh_dir}/{folders}/"
+    longest += "x" * (512 - len("-journal") - len(longest))
+    with pytest.raises(InvalidInput, match="too long"):
+        _open_and_close(longest + "x")
+    assert os.listdir(fresh_dir) == []
+    _open_and_close(longest)
+    assert os.path.exists(longest)
+
+
 @pytest.mark.parametrize("kwargs", CTOR_KWARGS, ids=[repr(k)[:40] for k in CTOR_KWARGS])
 def test_constructor_refuses_bad_options(fresh_dir: Path, kwargs: dict[str, Any]) -> None:
     target = fresh_dir / "ledger.db"

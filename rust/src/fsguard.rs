@@ -39,6 +39,9 @@ const SIDECAR_SUFFIXES: [&str; 3] = ["-journal", "-wal", "-shm"];
 
 /// The longest file name the common POSIX file systems allow, in bytes.
 const NAME_MAX: usize = 255;
+/// The longest full path SQLite's unix VFS opens, in bytes. Longer paths
+/// are refused up front, before a missing parent is created for nothing.
+const SQLITE_PATH_MAX: usize = 512;
 
 /// Makes `raw` absolute, follows links in the existing ancestors (as the
 /// peer does) and keeps the final name literal.
@@ -60,10 +63,14 @@ pub fn resolve(raw: &str) -> Result<DbPath> {
         return Err(Error::Invalid("database file name is too long"));
     }
     let parent = resolve_lenient(absolute.parent().unwrap_or(Path::new("/")));
-    Ok(DbPath {
-        file: parent.join(name),
-        parent,
-    })
+    let file = parent.join(name);
+    // Every sidecar's full path too, and every directory's name.
+    let too_long = file.as_os_str().len() + "-journal".len() > SQLITE_PATH_MAX
+        || parent.iter().any(|part| part.len() > NAME_MAX);
+    if too_long {
+        return Err(Error::Invalid("database path is too long"));
+    }
+    Ok(DbPath { file, parent })
 }
 
 /// `canonicalize` for the longest existing prefix, the rest appended.
