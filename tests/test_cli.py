@@ -186,3 +186,125 @@ def test_an_answer_that_cannot_be_written_is_exit_3_without_a_traceback(
         )
     assert proc.returncode == 3
     assert proc.stderr == ""
+
+
+# Bad arguments the core refuses, each given to a command that would
+# otherwise open (and so create or migrate) the file.
+BAD_ARGUMENTS = [
+    ["get", "not-a-uuid"],
+    ["budget", "not-a-uuid"],
+    ["close", "not-a-uuid", "--status", "succeeded"],
+    ["claim-next", "--worker", "w", "--limit", "0"],
+    ["charge", "{id}", "--tokens", "-1"],
+    ["grant", "{id}"],
+    ["create", "--tenant", "no spaces allowed"],
+    ["list", "--limit", "0"],
+    ["reconcile", "--active-grace-seconds", "-1"],
+    ["purge", "--older-than-seconds", "nan"],
+    ["--busy-timeout-ms", "-1", "stats"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_ARGUMENTS, ids=[" ".join(a[:2]) for a in BAD_ARGUMENTS])
+def test_bad_arguments_never_create_a_file_or_a_folder(tmp_path: Path, argv: list[str]) -> None:
+    missing = tmp_path / "typo" / "ledger.db"
+    code, out, _ = run_cli("--db", str(missing), *[a.format(id=uuid.uuid4()) for a in argv])
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert not missing.parent.exists()
+
+
+@pytest.mark.parametrize("argv", BAD_ARGUMENTS, ids=[" ".join(a[:2]) for a in BAD_ARGUMENTS])
+def test_bad_arguments_never_migrate_a_peer_file(tmp_path: Path, argv: list[str]) -> None:
+    peer_file = tmp_path / "peer.db"
+    task = tsg.Ledger(peer_file).create_task()
+    before = peer_file.read_bytes()
+    code, out, _ = run_cli("--db", str(peer_file), *[a.format(id=task.id) for a in argv])
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert peer_file.read_bytes() == before
+
+
+def test_purge_dry_run_reads_only(tmp_path: Path) -> None:
+    """Like reconcile --dry-run: counts, and leaves a peer file the peer's
+    and a missing file missing."""
+    peer_file = tmp_path / "peer.db"
+    peer = tsg.Ledger(peer_file)
+    task = peer.create_task()
+    peer.start_task(task.id)
+    before = peer_file.read_bytes()
+    code, out, _ = run_cli(
+        "--db", str(peer_file), "purge", "--older-than-seconds", "0", "--dry-run"
+    )
+    assert code == 0 and out["purge"]["dry_run"] is True
+    assert peer_file.read_bytes() == before
+    assert tsg.Ledger(peer_file).get_task(task.id).status == "running"
+
+    missing = tmp_path / "typo" / "ledger.db"
+    code, _, _ = run_cli("--db", str(missing), "purge", "--older-than-seconds", "0", "--dry-run")
+    assert code == 2 and not missing.parent.exists()
+
+
+def test_close_takes_the_completed_alias(db_path: Path) -> None:
+    with Ledger(db_path) as ledger:
+        task = ledger.create_task()
+        ledger.start_task(task.id)
+    code, out, _ = run_cli("--db", str(db_path), "close", task.id, "--status", "completed")
+    assert (code, out["task"]["status"]) == (0, "succeeded")
+
+
+def test_an_explicit_calls_budget_and_unlimited_calls_are_refused_together(
+    db_path: Path,
+) -> None:
+    Ledger(db_path).close()
+    code, out, _ = run_cli(
+        "--db", str(db_path), "create", "--llm-calls-budget", "5", "--unlimited-calls"
+    )
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    with Ledger(db_path) as ledger:
+        assert ledger.list_tasks() == []
+
+
+@pytest.mark.parametrize("argv", [["stats"], ["reconcile", "--dry-run"]])
+def test_a_snapshot_cap_too_large_to_count_in_bytes_is_refused(
+    db_path: Path, argv: list[str]
+) -> None:
+    Ledger(db_path).close()
+    for mode in ([], ["--read-only"]):
+        code, out, _ = run_cli(
+            "--db", str(db_path), *argv, *mode, "--snapshot-max-mib", str(2**63 - 1)
+        )
+        assert (code, out) == (2, {"error": "InvalidInput", "ok": False}), mode
+    largest = str((2**63 - 1) >> 20)
+    assert run_cli("--db", str(db_path), *argv, "--snapshot-max-mib", largest)[0] == 0
+
+
+def test_ctrl_c_is_exit_130_without_a_traceback(db_path: Path) -> None:
+    """SIGINT while the command waits for the write lock: the answer says
+    so, and no Python traceback reaches the terminal."""
+    import signal
+    import sqlite3
+    import time
+
+    Ledger(db_path).close()
+    holder = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "taskwarden", "--db", str(db_path),
+             "--busy-timeout-ms", "3000", "create"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        holder.close()
+    assert proc.returncode == 130
+    assert json.loads(out) == {"error": "Interrupted", "ok": False}
+    assert err == ""
+
+
+def test_demo_takes_the_same_path_given_twice(tmp_path: Path) -> None:
+    os.chdir(tmp_path)
+    code, out, _ = run_cli("--db", "./demo.db", "demo", "--keep-db", "demo.db")
+    assert code == 0 and out["ok"] is True
+    assert (tmp_path / "demo.db").exists()

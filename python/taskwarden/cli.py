@@ -3,7 +3,8 @@
 Every command prints one line of JSON with sorted keys (or a readable table
 with --format text). Exit codes: 0 ok, 1 unhealthy doctor, 2 ledger error
 (bad input, conflict, busy, missing task), 3 internal error (or an answer
-that could not be written). Rejected arguments are never echoed back.
+that could not be written), 130 interrupted (Ctrl-C). Rejected arguments are
+never echoed back, and bad input writes nothing: not even a new file.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from .models import DeliveryStatus, TaskStatus
 __all__ = ["build_parser", "main"]
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_LEDGER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # the shell's code for a command stopped by SIGINT
 
-_TERMINAL = [s.value for s in TaskStatus if s.is_terminal]
+# "completed" is the accepted alias of "succeeded".
+_TERMINAL = [s.value for s in TaskStatus if s.is_terminal] + ["completed"]
+# The largest --snapshot-max-mib whose byte count the core can hold.
+_MAX_SNAPSHOT_MIB = (2**63 - 1) >> 20
 _DELIVERY = [s.value for s in DeliveryStatus if s is not DeliveryStatus.PENDING]
 
 
@@ -59,13 +64,16 @@ def _add_lifecycle(
     create.add_argument("--timeout-seconds", type=float, help="deadline after each start")
     create.add_argument("--internal", action="store_true", help="no direct delivery expected")
     create.add_argument("--tenant", help="tenant id: 1-128 of [A-Za-z0-9._:@-]")
-    create.add_argument(
-        "--llm-calls-budget", type=int, default=25, help="LLM-call limit (default 25)"
-    )
-    create.add_argument("--unlimited-calls", action="store_true", help="no LLM-call limit")
+    calls = create.add_mutually_exclusive_group()
+    calls.add_argument("--llm-calls-budget", type=int, help="LLM-call limit (default 25)")
+    calls.add_argument("--unlimited-calls", action="store_true", help="no LLM-call limit")
     create.add_argument("--token-budget", type=int, help="token limit (default unlimited)")
-    create.add_argument("--cost-budget-micros", type=int, help="cost limit in micro-units")
-    create.add_argument("--max-attempts", type=int, default=3, help="claims before escalation")
+    create.add_argument(
+        "--cost-budget-micros", type=int, help="cost limit in micro-units (default unlimited)"
+    )
+    create.add_argument(
+        "--max-attempts", type=int, default=3, help="claims before escalation (default 3)"
+    )
 
     start = sub.add_parser("start", parents=[common], help="queued -> running")
     start.add_argument("task_id")
@@ -123,8 +131,16 @@ def _add_recovery(
         required=True,
         help="last change at least this long ago",
     )
-    purge.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    purge.add_argument(
+        "--dry-run", action="store_true", help="read-only preview: counts, nothing written"
+    )
     purge.add_argument("--tenant", help="only this tenant's trees")
+    purge.add_argument(
+        "--snapshot-max-mib",
+        type=int,
+        default=64,
+        help="largest file a dry run copies into memory (default 64)",
+    )
     stats = sub.add_parser(
         "stats", parents=[common, reading], help="counts by status, delivery, tenant"
     )
@@ -167,7 +183,8 @@ def _reading() -> argparse.ArgumentParser:
     reading.add_argument(
         "--read-only",
         action="store_true",
-        help="never create, migrate or touch the file (reads a private copy)",
+        help="never create, migrate or touch the file (a closed file is read from a "
+        "private copy, one another process has open in place)",
     )
     reading.add_argument(
         "--snapshot-max-mib", type=int, default=64, help="with --read-only (default 64)"
@@ -179,8 +196,10 @@ def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) 
     if args.db is None:
         raise InvalidInput("--db is required for this command")
     # Checked whether or not it is used: a bad number is bad input either way.
-    if getattr(args, "snapshot_max_mib", 0) < 0:
-        raise InvalidInput("snapshot size must not be negative")
+    if not 0 <= getattr(args, "snapshot_max_mib", 0) <= _MAX_SNAPSHOT_MIB:
+        raise InvalidInput("snapshot size is out of range")
+    if getattr(args, "scratch", False):
+        return Ledger.in_memory(busy_timeout_ms=args.busy_timeout_ms)
     if getattr(args, "read_only", False):
         read_only = True
         options["snapshot_max_bytes"] = args.snapshot_max_mib * 1024 * 1024
@@ -212,12 +231,18 @@ def _cmd_create(args: argparse.Namespace) -> dict[str, Any]:
                 timeout_seconds=args.timeout_seconds,
                 delivery_required=not args.internal,
                 tenant=args.tenant,
-                llm_calls_budget=None if args.unlimited_calls else args.llm_calls_budget,
+                llm_calls_budget=_calls_budget(args),
                 token_budget=args.token_budget,
                 cost_budget_micros=args.cost_budget_micros,
                 max_attempts=args.max_attempts,
             )
         )
+
+
+def _calls_budget(args: argparse.Namespace) -> int | None:
+    if args.unlimited_calls:
+        return None
+    return 25 if args.llm_calls_budget is None else args.llm_calls_budget
 
 
 def _cmd_start(args: argparse.Namespace) -> dict[str, Any]:
@@ -284,7 +309,7 @@ def _doctor_text(report: dict[str, Any]) -> list[str]:
     verdict = "healthy" if report["healthy"] else "UNHEALTHY"
     lines = [
         f"ledger: {verdict} (schema v{report['schema_version']}, "
-        f"{report['task_count']} tasks, {report['event_count']} events)"
+        f"{_count(report['task_count'], 'task')}, {_count(report['event_count'], 'event')})"
     ]
     if report["quick_check"] != "ok":
         lines.append("  SQLite quick_check failed: the file is damaged")
@@ -303,8 +328,13 @@ def _doctor_text(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _cmd_purge(args: argparse.Namespace) -> dict[str, Any]:
-    with _open(args) as ledger:
+    options = {"snapshot_max_bytes": args.snapshot_max_mib * 1024 * 1024} if args.dry_run else {}
+    with _open(args, read_only=args.dry_run, **options) as ledger:
         report = ledger.purge(
             older_than_seconds=args.older_than_seconds, dry_run=args.dry_run, tenant=args.tenant
         )
@@ -320,7 +350,8 @@ def _cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     from .demo import explain, run_demo
 
     # The global --db names the demo's new ledger too (kept, like --keep-db).
-    if args.keep_db is not None and args.db is not None and args.keep_db != args.db:
+    named = {os.path.abspath(p) for p in (args.keep_db, args.db) if p is not None}
+    if len(named) > 1:
         raise InvalidInput("--db and --keep-db name different paths")
     reports = run_demo(args.keep_db if args.keep_db is not None else args.db)
     return {"ok": True, "demo": reports, "_explain": explain(reports)}
@@ -351,9 +382,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         fmt = getattr(args, "format", "json")
+        _refuse_bad_input(args)
         payload = COMMANDS[args.command](args)
         healthy = payload.pop("_healthy", True)
         explanation = payload.pop("_explain", None)
+    except KeyboardInterrupt:
+        _say({"ok": False, "error": "Interrupted"}, fmt)
+        return EXIT_INTERRUPTED
     except LedgerError as exc:
         said = _say({"ok": False, "error": type(exc).__name__}, fmt)
         return EXIT_LEDGER_ERROR if said else EXIT_INTERNAL
@@ -363,6 +398,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not _say(payload, fmt, explanation):
         return EXIT_INTERNAL
     return EXIT_OK if healthy else EXIT_UNHEALTHY
+
+
+def _refuse_bad_input(args: argparse.Namespace) -> None:
+    """Runs the command once on a throwaway in-memory ledger first: what the
+    core refuses there as bad input is refused before the file is opened,
+    so a mistyped argument never creates a file or a folder, nor migrates a
+    task-state-guard file. Any other refusal there (a task the empty ledger
+    lacks) says nothing about the real file, which is then opened as usual."""
+    if args.command == "demo":  # it builds a ledger of its own
+        return
+    try:
+        COMMANDS[args.command](argparse.Namespace(**vars(args), scratch=True))
+    except InvalidInput:
+        raise
+    except LedgerError:
+        pass
 
 
 def _say(payload: dict[str, Any], fmt: str, explanation: list[str] | None = None) -> bool:
