@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -397,6 +398,23 @@ def test_list_as_text(db_path: Path, tasks: list[str]) -> None:
     for tid, line in zip(tasks, lines[2:], strict=True):
         assert line.startswith(tid)
     assert not raw.lstrip().startswith("{")
+
+
+def test_list_as_text_says_why_a_task_waits_and_when_it_changed(
+    db_path: Path, tasks: list[str]
+) -> None:
+    """An operator tells a budget escalation from an attempts one, reads
+    used/limit figures and calendar times (UTC), not epoch seconds."""
+    ok(db_path, "claim", tasks[0], "--worker", "w1")
+    for _ in range(3):  # a budget of 2 calls: the third escalates
+        ok(db_path, "charge", tasks[0], "--worker", "w1")
+    _, _, raw = cli(db_path, "list", "--status", "escalated", "--format", "text")
+    header, row = raw.splitlines()[1:]
+    assert header.split()[5:] == ["CODE", "ATTEMPTS", "LLM_CALLS", "UPDATED_AT"]
+    cells = row.split()
+    assert cells[5:8] == ["budget_exhausted", "1/3", "2/2"]
+    updated = datetime.fromtimestamp(get(db_path, tasks[0])["updated_at"], UTC)
+    assert cells[8] == updated.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def test_charge_as_text(db_path: Path, tasks: list[str]) -> None:

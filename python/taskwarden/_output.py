@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 __all__ = ["emit"]
 
+# The list table: what an operator scans for. `code` says why a task waits
+# or how it ended; `attempts` and `llm_calls` are used/limit.
 _TASK_COLUMNS = (
     "id",
     "status",
     "delivery_status",
     "owner",
     "tenant",
-    "attempt_count",
-    "llm_calls_used",
-    "llm_calls_budget",
+    "code",
+    "attempts",
+    "llm_calls",
+    "updated_at",
 )
 
 
@@ -24,18 +28,41 @@ def _json_line(payload: Any) -> str:
     return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, key: str = "") -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, float) and key.endswith("_at"):
+        return _utc(value)
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
 
 
+def _utc(seconds: float) -> str:
+    """A timestamp as people read it (UTC, milliseconds); the raw number when
+    it lies outside what a calendar date can show."""
+    try:
+        return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    except (OverflowError, OSError, ValueError):
+        return f"{seconds:.3f}"
+
+
+def _task_row(task: dict[str, Any]) -> dict[str, Any]:
+    def used_of(used: Any, limit: Any) -> str:
+        return f"{used}/{'-' if limit is None else limit}"
+
+    return {
+        **task,
+        "code": task.get("park_code") or task.get("terminal_code"),
+        "attempts": used_of(task.get("attempt_count"), task.get("max_attempts")),
+        "llm_calls": used_of(task.get("llm_calls_used"), task.get("llm_calls_budget")),
+    }
+
+
 def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> list[str]:
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    cells = [[_cell(row.get(c), c) for c in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
@@ -56,7 +83,7 @@ def _flatten(mapping: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]
 def _pairs(mapping: dict[str, Any]) -> list[str]:
     flat = _flatten(mapping)
     width = max((len(k) for k, _ in flat), default=0)
-    return [f"{key.ljust(width)}  {_cell(value)}" for key, value in flat]
+    return [f"{key.ljust(width)}  {_cell(value, key)}" for key, value in flat]
 
 
 def _text(payload: dict[str, Any]) -> list[str]:
@@ -66,7 +93,10 @@ def _text(payload: dict[str, Any]) -> list[str]:
         if isinstance(value, list) and all(isinstance(v, dict) for v in value):
             lines.append(f"{key}: {len(value)}")
             if value:
-                lines += _table(value, _TASK_COLUMNS if key == "tasks" else tuple(value[0]))
+                if key == "tasks":
+                    lines += _table([_task_row(t) for t in value], _TASK_COLUMNS)
+                else:
+                    lines += _table(value, tuple(value[0]))
         elif isinstance(value, dict):
             lines.append(f"{key}:")
             lines += [f"  {line}" for line in _pairs(value)]
