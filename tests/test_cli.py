@@ -113,6 +113,7 @@ def test_help_lists_the_commands() -> None:
     assert proc.returncode == 0
     for command in ("init", "create", "start", "heartbeat", "close", "delivery"):
         assert command in proc.stdout
+    assert "Exit codes: 0 ok" in " ".join(proc.stdout.split())
 
 
 READS = [["stats"], ["list"], ["get", "{id}"], ["budget", "{id}"], ["doctor"]]

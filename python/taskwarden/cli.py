@@ -157,7 +157,8 @@ def _add_recovery(
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (commands are added per capability)."""
-    parser = SafeArgumentParser(prog="taskwarden", description=__doc__.split("\n\n")[0])
+    about, outputs = __doc__.split("\n\n")[:2]
+    parser = SafeArgumentParser(prog="taskwarden", description=about, epilog=outputs)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--db", metavar="PATH", help="path of the ledger file")
     parser.add_argument(
