@@ -15,24 +15,33 @@ from taskwarden import Ledger
 
 from .conftest import run_python
 
-# The parent opens the ledger and forks. The child first tries its
-# inherited handle, then waits while the parent closes the ledger and an
-# outsider acknowledges 20 creates and crashes, leaving them in the WAL
-# only. Then the child exits the ordinary way (finalizers run), which must
-# neither checkpoint its stale view nor unlink that WAL.
-_INHERITED = """
-import os, subprocess, sys
-from taskwarden import Ledger, StateConflict
+# Both scenarios start alike: a parent opens the ledger (`path`, the first
+# argument), writes once, makes a pipe each way and forks.
+_FORK_WITH_A_LEDGER = """
+import os, sys
+from taskwarden import Ledger
 path = sys.argv[1]
-CRASHING_WRITER = (
-    "import os, sys; from taskwarden import Ledger; ledger = Ledger(sys.argv[1]); "
-    "print(' '.join(ledger.create_task().id for _ in range(20)), flush=True); os._exit(0)"
-)
 ledger = Ledger(path)
 ledger.create_task()
 to_parent, from_child = os.pipe()
 to_child, from_parent = os.pipe()
 pid = os.fork()
+"""
+
+# The parent opens the ledger and forks. The child first tries its
+# inherited handle, then waits while the parent closes the ledger and an
+# outsider acknowledges 20 creates and crashes, leaving them in the WAL
+# only. Then the child exits the ordinary way (finalizers run), which must
+# neither checkpoint its stale view nor unlink that WAL.
+_INHERITED = (
+    _FORK_WITH_A_LEDGER
+    + """
+import subprocess
+from taskwarden import StateConflict
+CRASHING_WRITER = (
+    "import os, sys; from taskwarden import Ledger; ledger = Ledger(sys.argv[1]); "
+    "print(' '.join(ledger.create_task().id for _ in range(20)), flush=True); os._exit(0)"
+)
 if pid == 0:
     outcome = []
     for call in (lambda: ledger.list_tasks(limit=1), ledger.create_task):
@@ -56,20 +65,16 @@ _, status = os.waitpid(pid, 0)
 print(" ".join(child_said), wal_after_crash, os.path.exists(path + "-wal"), status)
 print(crashed.stdout.strip())
 """
+)
 
 # A forked child opens its own ledger and pauses inside a create (in its
 # clock) while the parent closes the ledger it opened before the fork. A
 # child whose connection took no real lock would let that close unlink
 # the WAL under its write.
-_OWN_LEDGER = """
-import os, sys, time
-from taskwarden import Ledger
-path = sys.argv[1]
-parent_ledger = Ledger(path)
-parent_ledger.create_task()
-to_parent, from_child = os.pipe()
-to_child, from_parent = os.pipe()
-pid = os.fork()
+_OWN_LEDGER = (
+    _FORK_WITH_A_LEDGER
+    + """
+import time
 if pid == 0:
     paused = []
     def clock():
@@ -84,12 +89,13 @@ if pid == 0:
     own.close()
     os._exit(0)
 os.read(to_parent, 100)
-parent_ledger.close()
+ledger.close()
 os.write(from_parent, b"x")
 acknowledged = os.read(to_parent, 100).decode().strip()
 os.waitpid(pid, 0)
 print(acknowledged)
 """
+)
 
 
 def _private(tmp_path: Path) -> Path:

@@ -232,7 +232,7 @@ def _cmd_create(args: argparse.Namespace) -> dict[str, Any]:
                 timeout_seconds=args.timeout_seconds,
                 delivery_required=not args.internal,
                 tenant=args.tenant,
-                llm_calls_budget=_calls_budget(args),
+                **_calls_budget(args),
                 token_budget=args.token_budget,
                 cost_budget_micros=args.cost_budget_micros,
                 max_attempts=args.max_attempts,
@@ -240,10 +240,13 @@ def _cmd_create(args: argparse.Namespace) -> dict[str, Any]:
         )
 
 
-def _calls_budget(args: argparse.Namespace) -> int | None:
+def _calls_budget(args: argparse.Namespace) -> dict[str, int | None]:
+    """The LLM-call limit as given; none given, the API's default applies."""
     if args.unlimited_calls:
-        return None
-    return 25 if args.llm_calls_budget is None else args.llm_calls_budget
+        return {"llm_calls_budget": None}
+    if args.llm_calls_budget is None:
+        return {}
+    return {"llm_calls_budget": args.llm_calls_budget}
 
 
 def _cmd_start(args: argparse.Namespace) -> dict[str, Any]:

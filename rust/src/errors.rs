@@ -102,18 +102,14 @@ mod py {
 
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
-        if let Error::Clock(raised) = err {
-            return raised;
-        }
-        let msg = err.to_string();
         match err {
             Error::Clock(raised) => raised,
-            Error::Invalid(_) => py::InvalidInput::new_err(msg),
-            Error::NotFound => py::TaskNotFound::new_err(msg),
-            Error::Conflict(_) | Error::Corrupt => py::StateConflict::new_err(msg),
-            Error::Busy => py::LedgerBusy::new_err(msg),
-            Error::Full | Error::Storage(_) => py::LedgerError::new_err(msg),
-            Error::Internal(_) => pyo3::exceptions::PyRuntimeError::new_err(msg),
+            e @ Error::Invalid(_) => py::InvalidInput::new_err(e.to_string()),
+            e @ Error::NotFound => py::TaskNotFound::new_err(e.to_string()),
+            e @ (Error::Conflict(_) | Error::Corrupt) => py::StateConflict::new_err(e.to_string()),
+            e @ Error::Busy => py::LedgerBusy::new_err(e.to_string()),
+            e @ (Error::Full | Error::Storage(_)) => py::LedgerError::new_err(e.to_string()),
+            e @ Error::Internal(_) => pyo3::exceptions::PyRuntimeError::new_err(e.to_string()),
         }
     }
 }
