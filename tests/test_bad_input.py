@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taskwarden import DeliveryStatus, Ledger, StateConflict, TaskStatus
+from taskwarden import DeliveryStatus, Ledger, ReconcilePolicy, StateConflict, TaskStatus
 from taskwarden.errors import InvalidInput, LedgerError
 
 from .conftest import FrozenClock, logical_dump, run_cli
@@ -735,6 +735,75 @@ def test_read_only_open_of_a_missing_file_creates_nothing(fresh_dir: Path) -> No
     with pytest.raises(InvalidInput):
         _open_and_close(fresh_dir / "missing.db", read_only=True)
     assert os.listdir(fresh_dir) == []
+
+
+BAD_BUSY_TIMEOUTS = CTOR_KWARGS[:11]
+
+
+@pytest.mark.parametrize("kwargs", BAD_BUSY_TIMEOUTS, ids=[repr(k)[:40] for k in BAD_BUSY_TIMEOUTS])
+def test_in_memory_ledger_judges_the_busy_timeout_like_a_file_ledger(
+    fresh_dir: Path, kwargs: dict[str, Any]
+) -> None:
+    """A test suite on ``Ledger.in_memory()`` must not accept a value that
+    ``Ledger(path)`` then refuses in production: same rule, same message."""
+    with pytest.raises(InvalidInput) as on_file:
+        _open_and_close(fresh_dir / "ledger.db", **kwargs)
+    with pytest.raises(InvalidInput) as in_memory:
+        Ledger.in_memory(**kwargs)
+    assert str(in_memory.value) == str(on_file.value)
+    assert str(on_file.value).startswith("busy_timeout_ms ")
+
+
+# Each integer or seconds argument, a value it refuses, and the call.
+NAMED_REFUSALS: list[tuple[str, Callable[[Ledger, Seeded, Any], Any], Any]] = [
+    ("max_attempts", lambda lg, s, v: lg.create_task(max_attempts=v), None),
+    ("llm_calls_budget", lambda lg, s, v: lg.create_task(llm_calls_budget=v), -1),
+    ("token_budget", lambda lg, s, v: lg.create_task(token_budget=v), 1.5),
+    ("cost_budget_micros", lambda lg, s, v: lg.create_task(cost_budget_micros=v), True),
+    ("timeout_seconds", lambda lg, s, v: lg.create_task(timeout_seconds=v), -1),
+    ("timeout_seconds", lambda lg, s, v: lg.create_task(timeout_seconds=v), math.nan),
+    ("calls", lambda lg, s, v: lg.charge(s.running, calls=v), "2"),
+    ("tokens", lambda lg, s, v: lg.charge(s.running, tokens=v), -5),
+    ("cost_micros", lambda lg, s, v: lg.grant(s.running, cost_micros=v), 2**64),
+    ("attempt", lambda lg, s, v: lg.heartbeat(s.running, attempt=v), -1),
+    ("limit", lambda lg, s, v: lg.claim_next("w", limit=v), "10"),
+    ("limit", lambda lg, s, v: lg.list_tasks(limit=v), 1.5),
+    (
+        "active_grace_seconds",
+        lambda lg, s, v: lg.reconcile(active_grace_seconds=v, delivery_grace_seconds=1),
+        -1,
+    ),
+    (
+        "delivery_grace_seconds",
+        lambda lg, s, v: lg.reconcile(active_grace_seconds=1, delivery_grace_seconds=v),
+        True,
+    ),
+    ("older_than_seconds", lambda lg, s, v: lg.purge(older_than_seconds=v), math.inf),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "call", "value"),
+    NAMED_REFUSALS,
+    ids=[f"{n}={v!r}" for n, _, v in NAMED_REFUSALS],
+)
+def test_a_refused_number_names_its_argument_not_its_value(
+    ledger: Ledger,
+    seeded: Seeded,
+    db_path: Path,
+    name: str,
+    call: Callable[[Ledger, Seeded, Any], Any],
+    value: Any,
+) -> None:
+    """With four integer arguments on ``create_task``, the message must say
+    which one was refused (and still never echo the value)."""
+    refused = assert_refused(db_path, lambda: call(ledger, seeded, value), value)
+    assert str(refused).startswith(f"{name} "), str(refused)
+
+
+def test_a_reconcile_policy_names_its_refused_field() -> None:
+    with pytest.raises(InvalidInput, match=r"^delivery_grace_seconds must not be negative$"):
+        ReconcilePolicy(delivery_grace_seconds=-1)
 
 
 @pytest.mark.parametrize("value", [2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1])

@@ -110,6 +110,15 @@ def test_transitions_is_exported_with_task_status_keys() -> None:
     assert TRANSITIONS == SPEC_TABLE
 
 
+def test_transitions_cannot_be_edited() -> None:
+    """The exported table is the engine's; an edit could only make it lie."""
+    with pytest.raises(TypeError):
+        TRANSITIONS[TaskStatus.SUCCEEDED] = frozenset({TaskStatus.QUEUED})  # type: ignore[index]
+    with pytest.raises(TypeError):
+        del TRANSITIONS[TaskStatus.QUEUED]  # type: ignore[attr-defined]
+    assert TRANSITIONS == SPEC_TABLE
+
+
 @pytest.mark.parametrize(("src", "dst"), PAIRS, ids=[f"{a.value}-{b.value}" for a, b in PAIRS])
 def test_can_transition_agrees_with_the_table_including_aliases(
     src: TaskStatus, dst: TaskStatus

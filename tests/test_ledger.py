@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import pickle
 import threading
+import typing
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -367,6 +371,25 @@ def test_in_memory_ledger_works_and_memory_path_is_refused(clock: FrozenClock) -
         assert mem.close_task(task.id, "cancelled").status is TaskStatus.CANCELLED
     with pytest.raises(InvalidInput):
         Ledger(":memory:")
+
+
+def test_path_is_typed_as_optional_and_none_in_memory(tmp_path: Path) -> None:
+    """An in-memory ledger has no file: its type must say so, or a type
+    checker passes ``ledger.path.name`` that fails at run time."""
+    assert typing.get_type_hints(Ledger)["path"] == Path | None
+    with Ledger.in_memory() as mem:
+        assert mem.path is None
+    with Ledger(tmp_path / "private" / "t.db") as on_disk:
+        assert on_disk.path == (tmp_path / "private" / "t.db").resolve()
+
+
+@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy])
+def test_a_ledger_cannot_be_copied(copier: Any) -> None:
+    """A copy would share the connection, so closing it closes the original."""
+    with Ledger.in_memory() as mem:
+        with pytest.raises(TypeError, match="open another Ledger"):
+            copier(mem)
+        assert mem.create_task().status is TaskStatus.QUEUED
 
 
 def test_reason_code_registry_is_exported() -> None:

@@ -17,14 +17,15 @@ def payload_fingerprint(payload: str | bytes) -> str:
 def can_transition(from_status: str, to_status: str) -> bool:
     """True when the state machine has the edge (aliases accepted)."""
 
-def non_negative_seconds(value: object) -> float:
-    """A finite number of seconds >= 0 (anything ``float()`` takes but a bool)."""
+def non_negative_seconds(value: object, name: str) -> float:
+    """A finite number of seconds >= 0 (anything ``float()`` takes but a bool);
+    a refusal names ``name`` if it is one of ``ReconcilePolicy``'s fields."""
 
 class LedgerCore:
     """One open ledger; every method runs with the interpreter released."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         path: object,
         *,
         busy_timeout_ms: object,
@@ -34,7 +35,7 @@ class LedgerCore:
         snapshot_max_bytes: object,
         clock: Callable[[], float] | None,
         euid: int,
-    ) -> None: ...
+    ) -> LedgerCore: ...
     @staticmethod
     def in_memory(*, busy_timeout_ms: object, clock: Callable[[], float] | None) -> LedgerCore:
         """A private in-memory ledger."""

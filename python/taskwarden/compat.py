@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from . import _core
@@ -14,10 +16,14 @@ __all__ = ["REASON_CODES", "TRANSITIONS", "can_transition", "reconcile_restart"]
 REASON_CODES: frozenset[str] = frozenset(_core.REASON_CODES)
 
 #: Every allowed edge of the task state machine: ``status -> allowed targets``.
-TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
-    TaskStatus(src): frozenset(TaskStatus(dst) for dst in targets)
-    for src, targets in _core.TRANSITIONS.items()
-}
+#: Read-only: the core enforces its own table, so an edited copy here could
+#: only disagree with it.
+TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = MappingProxyType(
+    {
+        TaskStatus(src): frozenset(TaskStatus(dst) for dst in targets)
+        for src, targets in _core.TRANSITIONS.items()
+    }
+)
 
 
 def can_transition(from_status: TaskStatus | str, to_status: TaskStatus | str) -> bool:

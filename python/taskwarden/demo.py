@@ -83,13 +83,18 @@ def run_demo(db: str | Path | None = None) -> dict[str, Any]:
         with Ledger(path, clock=clock) as ledger:
             _populate(ledger, clock, now)
             clock.now = now
-        grace = {"active_grace_seconds": ACTIVE_GRACE, "delivery_grace_seconds": DELIVERY_GRACE}
         with Ledger(path, clock=clock, read_only=True) as reader:
-            preview = reader.reconcile(dry_run=True, **grace)
+            preview = _reconcile(reader, dry_run=True)
         with Ledger(path, clock=clock) as ledger:
-            applied = ledger.reconcile(**grace)
-            recheck = ledger.reconcile(**grace)
+            applied = _reconcile(ledger)
+            recheck = _reconcile(ledger)
     return {"preview": preview, "apply": applied, "recheck": recheck}
+
+
+def _reconcile(ledger: Ledger, *, dry_run: bool = False) -> dict[str, Any]:
+    return ledger.reconcile(
+        active_grace_seconds=ACTIVE_GRACE, delivery_grace_seconds=DELIVERY_GRACE, dry_run=dry_run
+    )
 
 
 def explain(reports: dict[str, Any]) -> list[str]:

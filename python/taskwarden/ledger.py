@@ -60,6 +60,8 @@ class Ledger:
     """
 
     SCHEMA_VERSION: int = _core.SCHEMA_VERSION
+    #: The database file, absolute; ``None`` for ``Ledger.in_memory()``.
+    path: Path | None
 
     def __init__(
         self,
@@ -102,11 +104,18 @@ class Ledger:
         ledger._core = _core.LedgerCore.in_memory(
             busy_timeout_ms=busy_timeout_ms, clock=None if clock is time.time else clock
         )
-        ledger.path = None  # type: ignore[assignment]
+        ledger.path = None
         return ledger
 
     def __enter__(self) -> Ledger:
         return self
+
+    def __copy__(self) -> Ledger:
+        # A copy would share the connection: closing either closes both.
+        raise TypeError("a Ledger cannot be copied; open another Ledger on the same path")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Ledger:
+        return self.__copy__()
 
     def __exit__(
         self,

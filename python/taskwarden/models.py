@@ -159,7 +159,7 @@ class ReconcilePolicy:
         from ._core import non_negative_seconds
 
         for name in ("active_grace_seconds", "delivery_grace_seconds"):
-            object.__setattr__(self, name, non_negative_seconds(getattr(self, name)))
+            object.__setattr__(self, name, non_negative_seconds(getattr(self, name), name))
 
 
 def _layout_twin(cls: type) -> type:

@@ -92,54 +92,59 @@ pub fn flag(obj: &Bound<'_, PyAny>) -> Result<bool> {
 }
 
 /// A non-negative number of seconds: anything `float()` accepts except a
-/// bool, finite and at least 0 (the peer's rule).
-pub fn seconds(obj: &Bound<'_, PyAny>) -> Result<f64> {
+/// bool, finite and at least 0 (the peer's rule). A refusal names the
+/// argument (`name`), never its value.
+pub fn seconds(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<f64> {
     if obj.is_instance_of::<PyBool>() {
-        return Err(Error::Invalid("number must not be a bool"));
+        return Err(Error::InvalidArgument(name, "must not be a bool"));
     }
     let as_float = obj
         .py()
         .get_type::<PyFloat>()
         .call1((obj,))
         .and_then(|f| f.extract::<f64>())
-        .map_err(|_| Error::Invalid("number is not valid"))?;
-    validate::non_negative_seconds(as_float)
+        .map_err(|_| Error::InvalidArgument(name, "is not a number"))?;
+    validate::non_negative_seconds(as_float).map_err(|e| match e {
+        Error::Invalid(rule) => Error::InvalidArgument(name, rule),
+        other => other,
+    })
 }
 
 /// Optional seconds.
-pub fn opt_seconds(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<f64>> {
+pub fn opt_seconds(obj: Option<&Bound<'_, PyAny>>, name: &'static str) -> Result<Option<f64>> {
     match obj {
-        Some(o) if !o.is_none() => seconds(o).map(Some),
+        Some(o) if !o.is_none() => seconds(o, name).map(Some),
         _ => Ok(None),
     }
 }
 
 /// A non-negative signed 64-bit integer: an int, or a float with no
-/// fractional part; never a bool, a string, NaN or infinity.
-pub fn amount(obj: &Bound<'_, PyAny>) -> Result<i64> {
-    const BAD: Error = Error::Invalid("amount must be a non-negative 64-bit integer");
+/// fractional part; never a bool, a string, NaN or infinity. A refusal
+/// names the argument (`name`), never its value.
+pub fn amount(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<i64> {
+    let bad = || Error::InvalidArgument(name, "must be a non-negative 64-bit integer");
     if obj.is_instance_of::<PyBool>() {
-        return Err(BAD);
+        return Err(bad());
     }
     let value = if obj.is_instance_of::<PyInt>() {
-        obj.extract::<i64>().map_err(|_| BAD)?
+        obj.extract::<i64>().map_err(|_| bad())?
     } else if let Ok(f) = obj.cast::<PyFloat>() {
         let v = f.value();
         // 2^63 is exactly representable; anything at or above it overflows.
         if !v.is_finite() || v.fract() != 0.0 || !(0.0..9_223_372_036_854_775_808.0).contains(&v) {
-            return Err(BAD);
+            return Err(bad());
         }
         v as i64
     } else {
-        return Err(BAD);
+        return Err(bad());
     };
-    validate::non_negative_int(value).map_err(|_| BAD)
+    validate::non_negative_int(value).map_err(|_| bad())
 }
 
 /// An optional amount (None = unlimited).
-pub fn opt_amount(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<i64>> {
+pub fn opt_amount(obj: Option<&Bound<'_, PyAny>>, name: &'static str) -> Result<Option<i64>> {
     match obj {
-        Some(o) if !o.is_none() => amount(o).map(Some),
+        Some(o) if !o.is_none() => amount(o, name).map(Some),
         _ => Ok(None),
     }
 }
@@ -209,7 +214,7 @@ pub fn reconcile_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, P
 
 /// A page size (`limit` of listing and batch claims): 1 to 10,000.
 pub fn page_size(obj: &Bound<'_, PyAny>) -> Result<i64> {
-    match amount(obj)? {
+    match amount(obj, "limit")? {
         n @ 1..=10_000 => Ok(n),
         _ => Err(Error::Invalid("limit must be between 1 and 10000")),
     }
@@ -231,9 +236,9 @@ pub fn usage(
     cost: &Bound<'_, PyAny>,
 ) -> Result<Usage> {
     Ok(Usage {
-        calls: amount(calls)?,
-        tokens: amount(tokens)?,
-        cost_micros: amount(cost)?,
+        calls: amount(calls, "calls")?,
+        tokens: amount(tokens, "tokens")?,
+        cost_micros: amount(cost, "cost_micros")?,
     })
 }
 

@@ -12,6 +12,8 @@ use pyo3::PyErr;
 pub enum Error {
     /// The caller passed a bad value; nothing was written.
     Invalid(&'static str),
+    /// The named argument breaks the rule: "limit", "must be ...".
+    InvalidArgument(&'static str, &'static str),
     /// The task (or the parent named at creation) does not exist.
     NotFound,
     /// The stored state does not allow the operation.
@@ -39,6 +41,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Invalid(msg) | Error::Conflict(msg) | Error::Internal(msg) => f.write_str(msg),
+            Error::InvalidArgument(name, rule) => write!(f, "{name} {rule}"),
             Error::Storage(msg) => write!(f, "storage failure: {msg}"),
             Error::NotFound => f.write_str("task not found"),
             Error::Busy => f.write_str("ledger is busy: write lock not acquired in time"),
@@ -104,7 +107,9 @@ impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
         match err {
             Error::Clock(raised) => raised,
-            e @ Error::Invalid(_) => py::InvalidInput::new_err(e.to_string()),
+            e @ (Error::Invalid(_) | Error::InvalidArgument(..)) => {
+                py::InvalidInput::new_err(e.to_string())
+            }
             e @ Error::NotFound => py::TaskNotFound::new_err(e.to_string()),
             e @ (Error::Conflict(_) | Error::Corrupt) => py::StateConflict::new_err(e.to_string()),
             e @ Error::Busy => py::LedgerBusy::new_err(e.to_string()),

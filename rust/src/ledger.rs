@@ -153,8 +153,14 @@ fn caller_code(converted: Option<&Option<String>>) -> tasks::CallerCode<'_> {
     }
 }
 
-/// SQLite takes the busy timeout as a C int of milliseconds.
-fn busy_ms(value: i64) -> Result<u32> {
+/// The busy timeout, judged alike for file and in-memory ledgers: an int
+/// only, as the peer takes it (a float such as 5.0 is refused), and at
+/// most what SQLite takes (a C int of milliseconds).
+fn busy_ms(obj: &Bound<'_, PyAny>) -> Result<u32> {
+    if !obj.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(Error::Invalid("busy_timeout_ms must be an integer"));
+    }
+    let value = convert::amount(obj, "busy_timeout_ms")?;
     i32::try_from(value)
         .ok()
         .and_then(|v| u32::try_from(v).ok())
@@ -164,7 +170,7 @@ fn busy_ms(value: i64) -> Result<u32> {
 fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) -> Result<Fence> {
     Ok(Fence {
         worker: convert::opt_name(worker)?,
-        attempt: convert::opt_amount(attempt)?,
+        attempt: convert::opt_amount(attempt, "attempt")?,
     })
 }
 
@@ -187,21 +193,19 @@ impl LedgerCore {
     ) -> PyResult<LedgerCore> {
         let path = convert::opt_text(Some(path), "database path is invalid")?
             .ok_or(Error::Invalid("database path is invalid"))?;
-        // The peer takes an int only (a float such as 5.0 is refused).
-        if !busy_timeout_ms.is_instance_of::<pyo3::types::PyInt>() {
-            return Err(Error::Invalid("busy_timeout_ms must be an integer").into());
-        }
-        let busy = convert::amount(busy_timeout_ms)?;
         let opts = OpenOptions {
-            busy_timeout_ms: busy_ms(busy)?,
+            busy_timeout_ms: busy_ms(busy_timeout_ms)?,
             durability: Durability::parse(
                 &convert::opt_text(Some(durability), "durability must be 'normal' or 'full'")?
                     .unwrap_or_default(),
             )?,
             read_only: convert::flag(read_only)?,
             allow_external_acl: convert::flag(allow_external_acl)?,
-            snapshot_max_bytes: convert::opt_amount(Some(snapshot_max_bytes))?
-                .map_or(snapshot::DEFAULT_MAX_BYTES, |v| v as u64),
+            snapshot_max_bytes: convert::opt_amount(
+                Some(snapshot_max_bytes),
+                "snapshot_max_bytes",
+            )?
+            .map_or(snapshot::DEFAULT_MAX_BYTES, |v| v as u64),
             euid,
         };
         let store = py.detach(|| {
@@ -218,7 +222,7 @@ impl LedgerCore {
         busy_timeout_ms: &Bound<'_, PyAny>,
         clock: Option<Py<PyAny>>,
     ) -> PyResult<LedgerCore> {
-        let busy = busy_ms(convert::amount(busy_timeout_ms)?)?;
+        let busy = busy_ms(busy_timeout_ms)?;
         Ok(LedgerCore::holding(Store::in_memory(busy)?, clock))
     }
 
@@ -256,15 +260,15 @@ impl LedgerCore {
             id: convert::opt_task_id(task_id)?,
             parent_id: convert::opt_task_id(parent_id)?,
             payload_hash: convert::opt_payload_hash(payload_hash)?,
-            timeout_seconds: convert::opt_seconds(timeout_seconds)?,
+            timeout_seconds: convert::opt_seconds(timeout_seconds, "timeout_seconds")?,
             delivery_required: convert::flag(delivery_required)?,
             tenant: convert::opt_name(tenant)?,
             limits: Limits {
-                calls: convert::opt_amount(llm_calls_budget)?,
-                tokens: convert::opt_amount(token_budget)?,
-                cost_micros: convert::opt_amount(cost_budget_micros)?,
+                calls: convert::opt_amount(llm_calls_budget, "llm_calls_budget")?,
+                tokens: convert::opt_amount(token_budget, "token_budget")?,
+                cost_micros: convert::opt_amount(cost_budget_micros, "cost_budget_micros")?,
             },
-            max_attempts: convert::amount(max_attempts)?,
+            max_attempts: convert::amount(max_attempts, "max_attempts")?,
         };
         // A task named as its own parent needs no rule of its own, as in the
         // peer: a new one finds no parent (`TaskNotFound`), an existing one
@@ -369,8 +373,8 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyDict>> {
         let dry_run = convert::flag(dry_run)?;
         let policy = Policy {
-            active_grace: convert::seconds(active_grace_seconds)?,
-            delivery_grace: convert::seconds(delivery_grace_seconds)?,
+            active_grace: convert::seconds(active_grace_seconds, "active_grace_seconds")?,
+            delivery_grace: convert::seconds(delivery_grace_seconds, "delivery_grace_seconds")?,
             worker_lost: convert::opt_name(worker_lost)?,
             tenant: convert::opt_name(tenant)?,
         };
@@ -426,7 +430,7 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let worker = convert::name(worker)?;
-        let attempt = convert::opt_amount(attempt)?;
+        let attempt = convert::opt_amount(attempt, "attempt")?;
         self.write_task(py, |tx, clock| {
             claim::release(tx, &id, &worker, attempt, clock)
         })
@@ -563,7 +567,7 @@ impl LedgerCore {
         tenant: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let dry_run = convert::flag(dry_run)?;
-        let older_than = convert::seconds(older_than_seconds)?;
+        let older_than = convert::seconds(older_than_seconds, "older_than_seconds")?;
         let tenant = convert::opt_name(tenant)?;
         let report = self.run(py, |store, clock| {
             let cutoff = clock()? - older_than;
@@ -657,16 +661,25 @@ pub fn payload_fingerprint(payload: &Bound<'_, PyAny>) -> PyResult<String> {
 
 /// True when SPEC §3's table has the edge `from -> to` (aliases accepted).
 #[pyfunction]
-pub fn can_transition(from: &Bound<'_, PyAny>, to: &Bound<'_, PyAny>) -> PyResult<bool> {
+pub fn can_transition(
+    from_status: &Bound<'_, PyAny>,
+    to_status: &Bound<'_, PyAny>,
+) -> PyResult<bool> {
     Ok(crate::fsm::can_transition(
-        convert::task_status(from)?,
-        convert::task_status(to)?,
+        convert::task_status(from_status)?,
+        convert::task_status(to_status)?,
     ))
 }
 
 /// Checks a grace period or timeout: anything `float()` accepts except a
-/// bool, finite and at least 0. Returns it as a float.
+/// bool, finite and at least 0. Returns it as a float. A refusal names
+/// the policy's field (messages hold only fixed text).
 #[pyfunction]
-pub fn non_negative_seconds(value: &Bound<'_, PyAny>) -> PyResult<f64> {
-    Ok(convert::seconds(value)?)
+pub fn non_negative_seconds(value: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    let name = match name {
+        "active_grace_seconds" => "active_grace_seconds",
+        "delivery_grace_seconds" => "delivery_grace_seconds",
+        _ => "seconds",
+    };
+    Ok(convert::seconds(value, name)?)
 }

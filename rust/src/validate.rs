@@ -102,10 +102,10 @@ pub fn name(raw: &str) -> Result<()> {
 /// A finite, non-negative number of seconds.
 pub fn non_negative_seconds(value: f64) -> Result<f64> {
     if !value.is_finite() {
-        return Err(Error::Invalid("number must be finite"));
+        return Err(Error::Invalid("must be finite"));
     }
     if value < 0.0 {
-        return Err(Error::Invalid("number must not be negative"));
+        return Err(Error::Invalid("must not be negative"));
     }
     Ok(value)
 }
