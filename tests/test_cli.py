@@ -73,6 +73,48 @@ def test_errors_map_to_exit_codes(db_path: Path) -> None:
     assert run_cli("create")[:2] == (2, {"error": "InvalidInput", "ok": False})
 
 
+SECRET = "SECRET-7f3a"
+# (argv after --db, the reason a person reading --format text is given)
+REFUSAL_REASONS: list[tuple[list[str], str]] = [
+    (["get"], "the following arguments are required: task_id"),
+    (["get", SECRET], "task id must be a UUID"),
+    ([SECRET], "argument COMMAND: invalid choice"),
+    (["create", "--llm-calls-budget", SECRET], "argument --llm-calls-budget: invalid value"),
+    (
+        ["create", "--llm-calls-budget", "5", "--unlimited-calls"],
+        "argument --unlimited-calls: not allowed with argument --llm-calls-budget",
+    ),
+    (["create", "--bogus", SECRET], "unrecognized arguments"),
+    (["create", "--tenant", f"a/{SECRET}"], "tenant and worker names must be 1-128 characters"),
+    (["list", "--limit", "0"], "limit must be between 1 and 10000"),
+    (["create", "--max-attempts", "-1"], "max_attempts must be a non-negative 64-bit integer"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"), REFUSAL_REASONS, ids=[" ".join(a)[:40] for a, _ in REFUSAL_REASONS]
+)
+@pytest.mark.parametrize("spelling", [["--format", "text"], ["--format=text"]])
+def test_a_text_refusal_says_why_without_echoing_what_was_typed(
+    tmp_path: Path, argv: list[str], reason: str, spelling: list[str]
+) -> None:
+    """The JSON line stays the peer's (class only); a person asking for text
+    is told why, in fixed words that never repeat the refused value."""
+    db = str(tmp_path / "missing" / "t.db")
+    code, parsed, raw = run_cli("--db", db, *argv)
+    assert (code, parsed) == (2, {"error": "InvalidInput", "ok": False})
+    code, _, raw = run_cli("--db", db, *argv, *spelling)
+    assert code == 2
+    assert raw.startswith(f"error: InvalidInput\nreason: {reason}"), raw
+    assert SECRET not in raw
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_text_refusal_without_db_says_it_is_needed() -> None:
+    code, _, raw = run_cli("doctor", "--format", "text")
+    assert (code, raw) == (2, "error: InvalidInput\nreason: --db is required for this command\n")
+
+
 def test_text_format_is_readable(db_path: Path) -> None:
     code, _, raw = run_cli("--db", str(db_path), "create", "--tenant", "acme", "--format", "text")
     assert code == 0

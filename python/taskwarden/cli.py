@@ -1,16 +1,18 @@
 """taskwarden: the task-state ledger for AI-agent fleets, from the shell.
 
 Every command prints one line of JSON with sorted keys (or a readable table
-with --format text). Exit codes: 0 ok, 1 unhealthy doctor, 2 ledger error
-(bad input, conflict, busy, missing task), 3 internal error (or an answer
-that could not be written), 130 interrupted (Ctrl-C). Rejected arguments are
-never echoed back, and bad input writes nothing: not even a new file.
+with --format text; an error's text also says why). Exit codes: 0 ok, 1
+unhealthy doctor, 2 ledger error (bad input, conflict, busy, missing task), 3
+internal error (or an answer that could not be written), 130 interrupted
+(Ctrl-C). Rejected arguments are never echoed back, and bad input writes
+nothing: not even a new file.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -39,7 +41,28 @@ class SafeArgumentParser(argparse.ArgumentParser):
     """An argument parser whose errors never echo what was typed."""
 
     def error(self, message: str) -> NoReturn:
-        raise InvalidInput("invalid command-line arguments")
+        raise InvalidInput(_without_values(message))
+
+
+# argparse complaints that name only this parser's own arguments.
+_VALUE_FREE = ("expected one argument", "not allowed with argument ")
+
+
+def _without_values(message: str) -> str:
+    """argparse's complaint, cut before anything the user typed: what comes
+    before "argument X:" and the list of missing arguments are the parser's
+    own names; invalid values and unknown arguments are the user's."""
+    if message.startswith("the following arguments are required: "):
+        return message
+    if message.startswith("argument ") and ": " in message:
+        name, detail = message[len("argument ") :].split(": ", 1)
+        if detail.startswith(_VALUE_FREE):
+            return message
+        kind = "choice" if detail.startswith("invalid choice") else "value"
+        return f"argument {name}: invalid {kind}"
+    if message.startswith("unrecognized arguments"):
+        return "unrecognized arguments"
+    return "invalid command-line arguments"
 
 
 def _common() -> argparse.ArgumentParser:
@@ -382,7 +405,7 @@ COMMANDS: dict[str, Command] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code."""
-    fmt = "json"
+    fmt = _format_asked(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
         fmt = getattr(args, "format", "json")
@@ -394,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say({"ok": False, "error": "Interrupted"}, fmt)
         return EXIT_INTERRUPTED
     except LedgerError as exc:
-        said = _say({"ok": False, "error": type(exc).__name__}, fmt)
+        said = _say(_refusal(exc, fmt), fmt)
         return EXIT_LEDGER_ERROR if said else EXIT_INTERNAL
     except Exception:
         _say({"ok": False, "error": "InternalError"}, fmt)
@@ -402,6 +425,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not _say(payload, fmt, explanation):
         return EXIT_INTERNAL
     return EXIT_OK if healthy else EXIT_UNHEALTHY
+
+
+def _format_asked(argv: Sequence[str]) -> str:
+    """--format as typed, for refusals that come before parsing ends."""
+    pairs = itertools.pairwise([*argv, ""])
+    asked = any(a == "--format=text" or (a, b) == ("--format", "text") for a, b in pairs)
+    return "text" if asked else "json"
+
+
+def _refusal(exc: LedgerError, fmt: str) -> dict[str, Any]:
+    """The peer's JSON line names the error class only. A person reading
+    --format text also gets the reason: every ledger message is fixed text
+    that holds no id, path or value (SPEC 2.4), argparse's is cut to one."""
+    payload: dict[str, Any] = {"ok": False, "error": type(exc).__name__}
+    if fmt == "text" and str(exc):
+        payload["reason"] = str(exc)
+    return payload
 
 
 def _refuse_bad_input(args: argparse.Namespace) -> None:
