@@ -9,6 +9,8 @@ import multiprocessing
 import os
 import queue
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -198,6 +200,38 @@ def test_lock_timeout_is_ledger_busy_and_writes_nothing(db_path: Path) -> None:
         task = ledger.start_task(existing.id)
         assert (task.status, task.version) == ("running", 1)
     assert task_count(db_path) == 2
+
+
+INTERRUPTED_WAIT = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger
+ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    ledger.create_task()
+    print("created")
+except KeyboardInterrupt:
+    print("interrupted after", time.monotonic() - started)
+"""
+
+
+def test_ctrl_c_ends_a_lock_wait_at_once_and_writes_nothing(db_path: Path) -> None:
+    """SIGINT during a 60 s lock wait: the call raises KeyboardInterrupt
+    within moments, not when the lock or the timeout ends."""
+    Ledger(db_path).close()
+    with write_lock_held(db_path):
+        done = subprocess.run(
+            [sys.executable, "-c", INTERRUPTED_WAIT, str(db_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    word, _, waited = done.stdout.strip().rpartition(" ")
+    assert word == "interrupted after", done.stdout
+    assert float(waited) < 5.0  # the holder keeps the lock for 15 s
+    assert task_count(db_path) == 0
 
 
 def test_cli_reports_lock_timeout_as_ledger_busy(db_path: Path) -> None:

@@ -46,7 +46,8 @@ class Ledger:
     - ``clock``: returns Unix seconds; ``time.time`` by default. Read once per
       write, inside the transaction.
     - ``busy_timeout_ms``: how long a writer waits for the lock before
-      ``LedgerBusy`` (default 5000).
+      ``LedgerBusy`` (default 5000). Ctrl-C ends the wait at once: the call
+      raises ``KeyboardInterrupt`` and writes nothing.
     - ``allow_external_acl``: confirms an externally secured directory on
       platforms without POSIX modes (accepted and ignored on POSIX).
     - ``read_only``: open an existing ledger without creating, migrating or

@@ -13,12 +13,84 @@
 //! switches, and with 16 processes claiming on 2 cores, waiters that only
 //! slept spent twice the CPU per task and claimed half as many tasks per
 //! second as waiters that yielded first (about 1,500 against 2,600).
+//!
+//! A long wait also looks for signals every [`SIGNAL_CHECK_EVERY`]: Ctrl-C
+//! (or any Python signal handler that raises) ends it at once, and the
+//! caller gets the handler's exception (`KeyboardInterrupt`) instead of
+//! waiting out the timeout for a `LedgerBusy`.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pyo3::{PyErr, Python};
 use rusqlite::Connection;
 
-use crate::errors::Result;
+use crate::errors::{Error, Result};
+
+/// How often a lock wait runs Python's signal handlers. Short waits (the
+/// usual hand-off between workers) never take the interpreter.
+pub const SIGNAL_CHECK_EVERY: Duration = Duration::from_millis(50);
+
+/// The exception a signal handler raised during a connection's lock wait,
+/// kept until the failed call reports it.
+#[derive(Clone, Default)]
+pub struct Interruption(Arc<Mutex<Option<PyErr>>>);
+
+impl Interruption {
+    /// Runs Python's signal handlers (they run on the main thread only; a
+    /// process without an interpreter has none). True when one raised.
+    fn signalled(&self) -> bool {
+        // A closure, not the method path: the method's lifetime is not
+        // general enough for `try_attach`.
+        #[allow(clippy::redundant_closure_for_method_calls)]
+        let raised = Python::try_attach(|py| py.check_signals());
+        match raised {
+            Some(Err(raised)) => {
+                if let Ok(mut slot) = self.0.lock() {
+                    *slot = Some(raised);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `err`, or, when it is a lock wait a signal ended, that signal's
+    /// exception.
+    pub fn explain(&self, err: Error) -> Error {
+        if !matches!(err, Error::Busy) {
+            return err;
+        }
+        match self.0.lock().ok().and_then(|mut slot| slot.take()) {
+            Some(raised) => Error::Interrupted(raised),
+            None => err,
+        }
+    }
+}
+
+/// When a wait that began at `started` should next look for signals.
+#[derive(Clone, Copy)]
+pub struct SignalWatch {
+    next: Instant,
+}
+
+impl SignalWatch {
+    #[must_use]
+    pub fn from(started: Instant) -> Self {
+        SignalWatch {
+            next: started + SIGNAL_CHECK_EVERY,
+        }
+    }
+
+    /// True when a signal handler raised; checks at most once per period.
+    pub fn signalled(&mut self, interruption: &Interruption) -> bool {
+        if Instant::now() < self.next {
+            return false;
+        }
+        self.next = Instant::now() + SIGNAL_CHECK_EVERY;
+        interruption.signalled()
+    }
+}
 
 /// What to do before retry number `count` of one wait.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -37,13 +109,20 @@ fn pause(count: i32) -> Pause {
     }
 }
 
-/// Installs the handler on `conn`: retry until `timeout_ms` has passed.
-pub fn install(conn: &mut Connection, timeout_ms: u32) -> Result<()> {
+/// Installs the handler on `conn`: retry until `timeout_ms` has passed, or
+/// a signal handler raises (kept in `interruption`).
+pub fn install(conn: &mut Connection, timeout_ms: u32, interruption: &Interruption) -> Result<()> {
     let timeout = Duration::from_millis(u64::from(timeout_ms));
+    let interruption = interruption.clone();
     let mut started = Instant::now();
+    let mut watch = SignalWatch::from(started);
     conn.busy_handler(Some(move |count: i32| {
         if count == 0 {
             started = Instant::now();
+            watch = SignalWatch::from(started);
+        }
+        if watch.signalled(&interruption) {
+            return false;
         }
         match timeout.checked_sub(started.elapsed()) {
             Some(left) if !left.is_zero() => {
@@ -82,7 +161,7 @@ mod tests {
             "PRAGMA journal_mode=WAL; CREATE TABLE IF NOT EXISTS t(x); BEGIN IMMEDIATE;",
         )?;
         let mut waiter = Connection::open(&path)?;
-        install(&mut waiter, 30)?;
+        install(&mut waiter, 30, &Interruption::default())?;
         let start = Instant::now();
         let outcome = waiter.execute_batch("BEGIN IMMEDIATE; ROLLBACK;");
         assert!(matches!(

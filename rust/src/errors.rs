@@ -32,6 +32,9 @@ pub enum Error {
     /// from any Python callable: a `KeyboardInterrupt` stays one, a retry
     /// loop never mistakes it for bad input. Nothing was written.
     Clock(PyErr),
+    /// A signal handler raised while the call waited for the write lock
+    /// (Ctrl-C): its exception reaches the caller. Nothing was written.
+    Interrupted(PyErr),
 }
 
 /// The `Result` of the core.
@@ -48,6 +51,7 @@ impl fmt::Display for Error {
             Error::Full => f.write_str("storage is full: nothing was written"),
             Error::Corrupt => f.write_str("database file is corrupt or not a ledger"),
             Error::Clock(err) => write!(f, "the clock raised {err}"),
+            Error::Interrupted(err) => write!(f, "the lock wait was interrupted by {err}"),
         }
     }
 }
@@ -106,7 +110,7 @@ mod py {
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
         match err {
-            Error::Clock(raised) => raised,
+            Error::Clock(raised) | Error::Interrupted(raised) => raised,
             e @ (Error::Invalid(_) | Error::InvalidArgument(..)) => {
                 py::InvalidInput::new_err(e.to_string())
             }

@@ -147,6 +147,8 @@ pub struct Store {
     names_checked: Option<(DirStamp, Instant)>,
     backing: Backing,
     busy_timeout_ms: u32,
+    /// A signal that ended this connection's lock wait, until reported.
+    interruption: busy::Interruption,
     durability: Durability,
     external_acl: bool,
 }
@@ -214,6 +216,7 @@ impl Store {
                 euid: opts.euid,
             },
             busy_timeout_ms: opts.busy_timeout_ms,
+            interruption: busy::Interruption::default(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
@@ -232,14 +235,18 @@ impl Store {
     /// being initialised); so the whole step is retried until the busy
     /// timeout has passed, and only then is `LedgerBusy` raised.
     fn prepare_file_with_retries(&mut self, busy_timeout_ms: u32) -> Result<()> {
-        let deadline =
-            std::time::Instant::now() + Duration::from_millis(u64::from(busy_timeout_ms));
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(u64::from(busy_timeout_ms));
+        let mut watch = busy::SignalWatch::from(started);
         loop {
             match self.judge_then_prepare() {
-                Err(Error::Busy) if std::time::Instant::now() < deadline => {
+                Err(Error::Busy) if watch.signalled(&self.interruption) => {
+                    return Err(self.interruption.explain(Error::Busy));
+                }
+                Err(Error::Busy) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                outcome => return outcome,
+                outcome => return outcome.map_err(|e| self.interruption.explain(e)),
             }
         }
     }
@@ -253,6 +260,7 @@ impl Store {
             names_checked: None,
             backing: Backing::Memory,
             busy_timeout_ms,
+            interruption: busy::Interruption::default(),
             durability: Durability::Normal,
             external_acl: false,
         };
@@ -309,10 +317,11 @@ impl Store {
                 peer_version: None,
             },
             busy_timeout_ms: opts.busy_timeout_ms,
+            interruption: busy::Interruption::default(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
-        busy::install(&mut store.conn, opts.busy_timeout_ms)?;
+        busy::install(&mut store.conn, opts.busy_timeout_ms, &store.interruption)?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
         // Nothing is committed here; set only so `storage_info` tells the
         // level this handle was opened with, not SQLite's default.
@@ -362,7 +371,7 @@ impl Store {
     }
 
     fn configure(&mut self) -> Result<()> {
-        busy::install(&mut self.conn, self.busy_timeout_ms)?;
+        busy::install(&mut self.conn, self.busy_timeout_ms, &self.interruption)?;
         pin_query_plans(&self.conn)?;
         self.conn.pragma_update(None, "foreign_keys", true)?;
         let fk: bool = self
@@ -575,10 +584,13 @@ impl Store {
         behavior: TransactionBehavior,
         op: impl FnOnce(&Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
-        let tx = self.conn.transaction_with_behavior(behavior)?;
-        let out = op(&tx)?;
-        tx.commit()?;
-        Ok(out)
+        let outcome = (|| {
+            let tx = self.conn.transaction_with_behavior(behavior)?;
+            let out = op(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        })();
+        outcome.map_err(|e| self.interruption.explain(e))
     }
 
     /// Runs `op` in one write transaction (`BEGIN IMMEDIATE`): all or nothing.
