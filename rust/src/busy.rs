@@ -55,6 +55,14 @@ impl Interruption {
         }
     }
 
+    /// Forgets an exception no failed call reported (a wait whose busy
+    /// answer was tolerated): it must not explain a later, unrelated one.
+    pub fn forget(&self) {
+        if let Ok(mut slot) = self.0.lock() {
+            slot.take();
+        }
+    }
+
     /// `err`, or, when it is a lock wait a signal ended, that signal's
     /// exception.
     pub fn explain(&self, err: Error) -> Error {

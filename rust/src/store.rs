@@ -448,9 +448,15 @@ impl Store {
         // The old tables' pages are free now; give them back so the file
         // holds no more pages than a fresh v3 ledger of the same tasks (and
         // stays under the read-only snapshot cap longer). Only an
-        // optimisation: a busy reader simply postpones it.
-        self.conn.execute_batch("VACUUM").ok();
-        Ok(())
+        // optimisation: a busy reader simply postpones it (but a Ctrl-C
+        // during its wait is the caller's).
+        match self.conn.execute_batch("VACUUM") {
+            Err(e) => match self.interruption.explain(e.into()) {
+                interrupted @ Error::Interrupted(_) => Err(interrupted),
+                _ => Ok(()),
+            },
+            Ok(()) => Ok(()),
+        }
     }
 
     fn migrate(&mut self, gate: Gate) -> Result<()> {
@@ -584,6 +590,7 @@ impl Store {
         behavior: TransactionBehavior,
         op: impl FnOnce(&Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
+        self.interruption.forget();
         let outcome = (|| {
             let tx = self.conn.transaction_with_behavior(behavior)?;
             let out = op(&tx)?;
