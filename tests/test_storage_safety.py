@@ -4,7 +4,6 @@ and no free text stored."""
 from __future__ import annotations
 
 import os
-import sqlite3
 import stat
 from pathlib import Path
 
@@ -227,28 +226,6 @@ def test_a_directory_that_stood_still_still_reveals_every_change_of_name(
     with Ledger(db, read_only=True) as other:
         assert other.get_task(task.id) == task
     ledger.close()
-
-
-def test_a_writer_closing_before_a_reader_leaves_the_file_current(tmp_path: Path) -> None:
-    """A writer that is not the last connection still checkpoints what it
-    can at close: the main file alone then holds every task (SQLite itself
-    checkpoints only at the last close, and a read-only handle cannot)."""
-    db = tmp_path / "t.db"
-    writer = Ledger(db)
-    writer.create_task()
-    with Ledger(db, read_only=True) as reader:
-        ids = {writer.create_task().id for _ in range(10)}
-        writer.close()
-        alone = tmp_path / "copy" / "t.db"
-        alone.parent.mkdir()
-        alone.write_bytes(db.read_bytes())  # the file without its WAL
-        conn = sqlite3.connect(alone)
-        try:
-            stored = {row[0] for row in conn.execute("SELECT id FROM tasks")}
-        finally:
-            conn.close()
-        assert ids <= stored and len(stored) == 11
-        assert {t.id for t in reader.list_tasks(limit=100)} == stored
 
 
 def test_durability_full_switches_synchronous(tmp_path: Path) -> None:

@@ -153,26 +153,6 @@ pub struct Store {
     external_acl: bool,
 }
 
-impl Drop for Store {
-    /// SQLite checkpoints at close only when it is the file's last
-    /// connection. A writer closing while others stay open (a read-only
-    /// handle, another worker) still copies what it can into the file, so
-    /// the file alone is as current as the readers allow. Passive: it never
-    /// waits for a lock, and a failure leaves the WAL as it was.
-    fn drop(&mut self) {
-        let writable_file = matches!(self.backing, Backing::File { .. });
-        let forgo = self
-            .conn
-            .db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE)
-            .unwrap_or(true);
-        if writable_file && !forgo {
-            self.conn
-                .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                .ok();
-        }
-    }
-}
-
 /// What `storage_info` reports.
 #[derive(Clone, Debug)]
 pub struct StorageInfo {
