@@ -59,21 +59,34 @@ def _process_worker(path: str, count: int, barrier: Any, results: Any) -> None:
         results.put(("error", os.getpid(), f"{type(exc).__name__}: {exc}"))
 
 
-def _hold_write_lock(path: str, ready: Any, release: Any, hold_seconds: float) -> None:
-    """Runs in a spawned process: hold SQLite's write lock with plain sqlite3."""
+def _hold_write_lock(
+    path: str, ready: Any, release: Any, hold_seconds: float, exclusive: bool
+) -> None:
+    """Runs in a spawned process: hold SQLite's write lock with plain
+    sqlite3; ``exclusive`` also shuts readers out (and so a ledger's open)."""
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
-        conn.execute("BEGIN IMMEDIATE")
+        if exclusive:
+            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+            conn.execute("BEGIN EXCLUSIVE")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        else:
+            conn.execute("BEGIN IMMEDIATE")
         ready.set()
         release.wait(hold_seconds)
         conn.execute("ROLLBACK")
 
 
 @contextlib.contextmanager
-def write_lock_held(path: Path, hold_seconds: float = 15.0) -> Iterator[Any]:
-    """Another process holds ``BEGIN IMMEDIATE`` on ``path`` inside this block:
-    from before the block runs until it ends (``hold_seconds`` at most)."""
+def write_lock_held(
+    path: Path, hold_seconds: float = 15.0, *, exclusive: bool = False
+) -> Iterator[Any]:
+    """Another process holds ``BEGIN IMMEDIATE`` (or an exclusive lock) on
+    ``path`` inside this block: from before the block runs until it ends
+    (``hold_seconds`` at most)."""
     ready, release = SPAWN.Event(), SPAWN.Event()
-    holder = SPAWN.Process(target=_hold_write_lock, args=(str(path), ready, release, hold_seconds))
+    holder = SPAWN.Process(
+        target=_hold_write_lock, args=(str(path), ready, release, hold_seconds, exclusive)
+    )
     holder.start()
     try:
         assert ready.wait(60), "lock holder did not start"
@@ -232,6 +245,81 @@ def test_ctrl_c_ends_a_lock_wait_at_once_and_writes_nothing(db_path: Path) -> No
     assert word == "interrupted after", done.stdout
     assert float(waited) < 5.0  # the holder keeps the lock for 15 s
     assert task_count(db_path) == 0
+
+
+REENTERING_HANDLER = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger, StateConflict
+ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
+refused = []
+def on_term(signum, frame):
+    try:
+        ledger.stats()  # the same ledger, whose call holds it while it waits
+    except StateConflict:
+        refused.append(True)
+        raise
+signal.signal(signal.SIGTERM, on_term)
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+started = time.monotonic()
+try:
+    ledger.create_task()
+except StateConflict:
+    print("refused", refused == [True], time.monotonic() - started)
+"""
+
+
+def test_a_signal_handler_calling_back_into_its_waiting_ledger_is_refused(
+    db_path: Path,
+) -> None:
+    """A signal handler runs during a lock wait while the waiting call holds
+    its ledger: calling the same ledger from it is a StateConflict (as from
+    a clock), never a wait on itself, and the ledger stays usable."""
+    Ledger(db_path).close()
+    with write_lock_held(db_path):
+        done = subprocess.run(
+            [sys.executable, "-c", REENTERING_HANDLER, str(db_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    word, handler_refused, waited = done.stdout.split()
+    assert (word, handler_refused) == ("refused", "True"), done.stdout
+    assert float(waited) < 5.0
+    assert task_count(db_path) == 0
+    with Ledger(db_path) as ledger:
+        assert ledger.create_task().status == "queued"
+
+
+INTERRUPTED_OPEN = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    Ledger(sys.argv[1], busy_timeout_ms=60_000)
+    print("opened")
+except KeyboardInterrupt:
+    print("interrupted after", time.monotonic() - started)
+"""
+
+
+def test_ctrl_c_ends_a_wait_to_open_a_ledger(db_path: Path) -> None:
+    """Opening waits too when another process shuts readers out; Ctrl-C
+    ends that wait as a KeyboardInterrupt, not as LedgerBusy."""
+    with Ledger(db_path) as ledger:
+        ledger.create_task()
+    with write_lock_held(db_path, exclusive=True):
+        done = subprocess.run(
+            [sys.executable, "-c", INTERRUPTED_OPEN, str(db_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    word, _, waited = done.stdout.strip().rpartition(" ")
+    assert word == "interrupted after", done.stdout
+    assert float(waited) < 5.0
 
 
 def test_cli_reports_lock_timeout_as_ledger_busy(db_path: Path) -> None:

@@ -63,24 +63,27 @@ impl LedgerCore {
         match &self.clock {
             None => system_now(),
             Some(clock) => Python::attach(|py| {
-                let _running = ClockCall::enter(self);
                 let value = clock.bind(py).call0().map_err(Error::Clock)?;
                 convert::timestamp(&value)
             }),
         }
     }
 
-    /// The store, once no other call holds it. A clock runs while its
-    /// ledger's call holds the store, so a clock calling back into the same
-    /// ledger would wait for itself forever: it is refused instead.
+    /// The store, once no other call holds it. Python code runs while a
+    /// call holds the store (its clock; signal handlers during a lock
+    /// wait), so Python calling back into the same ledger on that thread
+    /// would wait for itself forever: it is refused instead.
     fn lock_store(&self) -> Result<MutexGuard<'_, Option<Store>>> {
         // Before the lock: in a forked child, a call another thread was
         // making at the fork holds it for ever.
         if self.inherited() {
             return Err(fork_guard::INHERITED);
         }
-        if ClockCall::is_running(self) {
-            return Err(Error::Conflict("the ledger's clock called back into it"));
+        if OwnCall::is_running(self) {
+            return Err(Error::Conflict(
+                "the ledger was called from inside one of its own calls \
+                 (its clock, or a signal handler during a lock wait)",
+            ));
         }
         self.store
             .lock()
@@ -96,6 +99,7 @@ impl LedgerCore {
         py.detach(|| {
             let mut guard = self.lock_store()?;
             let store = guard.as_mut().ok_or(Error::Conflict("ledger is closed"))?;
+            let _inside = OwnCall::enter(self);
             let clock = || self.now();
             op(store, &clock)
         })
@@ -113,30 +117,32 @@ impl LedgerCore {
 }
 
 thread_local! {
-    /// The ledgers whose Python clock is running on this thread, innermost
-    /// last (by address: a ledger cannot move while one of its calls runs).
-    static CLOCKS_RUNNING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// The ledgers with a call holding their store on this thread,
+    /// innermost last (by address: a ledger cannot move while one of its
+    /// calls runs).
+    static CALLS_RUNNING: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Marks one ledger's clock as running on this thread until dropped.
-struct ClockCall(usize);
+/// Marks one ledger's call as holding its store on this thread until
+/// dropped.
+struct OwnCall(usize);
 
-impl ClockCall {
-    fn enter(ledger: &LedgerCore) -> ClockCall {
+impl OwnCall {
+    fn enter(ledger: &LedgerCore) -> OwnCall {
         let key = std::ptr::from_ref(ledger) as usize;
-        CLOCKS_RUNNING.with(|c| c.borrow_mut().push(key));
-        ClockCall(key)
+        CALLS_RUNNING.with(|c| c.borrow_mut().push(key));
+        OwnCall(key)
     }
 
     fn is_running(ledger: &LedgerCore) -> bool {
         let key = std::ptr::from_ref(ledger) as usize;
-        CLOCKS_RUNNING.with(|c| c.borrow().contains(&key))
+        CALLS_RUNNING.with(|c| c.borrow().contains(&key))
     }
 }
 
-impl Drop for ClockCall {
+impl Drop for OwnCall {
     fn drop(&mut self) {
-        CLOCKS_RUNNING.with(|c| {
+        CALLS_RUNNING.with(|c| {
             let mut running = c.borrow_mut();
             if let Some(at) = running.iter().rposition(|k| *k == self.0) {
                 running.remove(at);

@@ -169,11 +169,22 @@ impl Store {
     /// Opens the ledger at `raw_path`, creating or migrating it unless
     /// read-only. A current schema is checked without taking the write lock.
     pub fn open(raw_path: &str, opts: &OpenOptions) -> Result<Store> {
+        // Every statement of the open may wait for a lock, not only its
+        // transactions: a signal that ended any of those waits is reported.
+        let interruption = busy::Interruption::default();
+        Store::open_with(raw_path, opts, &interruption).map_err(|e| interruption.explain(e))
+    }
+
+    fn open_with(
+        raw_path: &str,
+        opts: &OpenOptions,
+        interruption: &busy::Interruption,
+    ) -> Result<Store> {
         let path = fsguard::resolve(raw_path)?;
         fsguard::prepare_parent(&path, !opts.read_only)?;
         fsguard::check_parent_security(&path, opts.euid)?;
         if opts.read_only {
-            return Store::open_read_only(path, opts);
+            return Store::open_read_only(path, opts, interruption);
         }
         fsguard::secure_sidecars(&path, true)?;
         let (identity, mut lease) = fsguard::prepare_file(&path, true)?;
@@ -196,7 +207,7 @@ impl Store {
                 euid: opts.euid,
             },
             busy_timeout_ms: opts.busy_timeout_ms,
-            interruption: busy::Interruption::default(),
+            interruption: interruption.clone(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
@@ -249,7 +260,11 @@ impl Store {
         Ok(store)
     }
 
-    fn open_read_only(path: DbPath, opts: &OpenOptions) -> Result<Store> {
+    fn open_read_only(
+        path: DbPath,
+        opts: &OpenOptions,
+        interruption: &busy::Interruption,
+    ) -> Result<Store> {
         let (identity, mut lease) = fsguard::prepare_file(&path, false)?;
         fsguard::secure_sidecars(&path, false)?;
         let (conn, journal_mode) = match fsguard::sidecar_state(&path) {
@@ -297,7 +312,7 @@ impl Store {
                 peer_version: None,
             },
             busy_timeout_ms: opts.busy_timeout_ms,
-            interruption: busy::Interruption::default(),
+            interruption: interruption.clone(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
