@@ -215,6 +215,19 @@ def test_lock_timeout_is_ledger_busy_and_writes_nothing(db_path: Path) -> None:
     assert task_count(db_path) == 2
 
 
+def _run_while_locked(db_path: Path, script: str, *, exclusive: bool = False) -> str:
+    """Runs ``script`` (argv[1]: the ledger) in a fresh interpreter while
+    another process holds the lock; its standard output."""
+    with write_lock_held(db_path, exclusive=exclusive):
+        return subprocess.run(
+            [sys.executable, "-c", script, str(db_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+
+
 INTERRUPTED_WAIT = r"""
 import os, signal, sys, threading, time
 from taskwarden import Ledger
@@ -233,16 +246,8 @@ def test_ctrl_c_ends_a_lock_wait_at_once_and_writes_nothing(db_path: Path) -> No
     """SIGINT during a 60 s lock wait: the call raises KeyboardInterrupt
     within moments, not when the lock or the timeout ends."""
     Ledger(db_path).close()
-    with write_lock_held(db_path):
-        done = subprocess.run(
-            [sys.executable, "-c", INTERRUPTED_WAIT, str(db_path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-    word, _, waited = done.stdout.strip().rpartition(" ")
-    assert word == "interrupted after", done.stdout
+    word, _, waited = _run_while_locked(db_path, INTERRUPTED_WAIT).strip().rpartition(" ")
+    assert word == "interrupted after", waited
     assert float(waited) < 5.0  # the holder keeps the lock for 15 s
     assert task_count(db_path) == 0
 
@@ -275,16 +280,9 @@ def test_a_signal_handler_calling_back_into_its_waiting_ledger_is_refused(
     its ledger: calling the same ledger from it is a StateConflict (as from
     a clock), never a wait on itself, and the ledger stays usable."""
     Ledger(db_path).close()
-    with write_lock_held(db_path):
-        done = subprocess.run(
-            [sys.executable, "-c", REENTERING_HANDLER, str(db_path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-    word, handler_refused, waited = done.stdout.split()
-    assert (word, handler_refused) == ("refused", "True"), done.stdout
+    out = _run_while_locked(db_path, REENTERING_HANDLER)
+    word, handler_refused, waited = out.split()
+    assert (word, handler_refused) == ("refused", "True"), out
     assert float(waited) < 5.0
     assert task_count(db_path) == 0
     with Ledger(db_path) as ledger:
@@ -309,16 +307,9 @@ def test_ctrl_c_ends_a_wait_to_open_a_ledger(db_path: Path) -> None:
     ends that wait as a KeyboardInterrupt, not as LedgerBusy."""
     with Ledger(db_path) as ledger:
         ledger.create_task()
-    with write_lock_held(db_path, exclusive=True):
-        done = subprocess.run(
-            [sys.executable, "-c", INTERRUPTED_OPEN, str(db_path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-    word, _, waited = done.stdout.strip().rpartition(" ")
-    assert word == "interrupted after", done.stdout
+    out = _run_while_locked(db_path, INTERRUPTED_OPEN, exclusive=True)
+    word, _, waited = out.strip().rpartition(" ")
+    assert word == "interrupted after", out
     assert float(waited) < 5.0
 
 
