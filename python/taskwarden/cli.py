@@ -94,9 +94,7 @@ def _add_lifecycle(
     create.add_argument(
         "--cost-budget-micros", type=int, help="cost limit in micro-units (default unlimited)"
     )
-    create.add_argument(
-        "--max-attempts", type=int, default=3, help="claims before escalation (default 3)"
-    )
+    create.add_argument("--max-attempts", type=int, help="claims before escalation (default 3)")
 
     start = sub.add_parser("start", parents=[common], help="queued -> running")
     start.add_argument("task_id")
@@ -258,7 +256,7 @@ def _cmd_create(args: argparse.Namespace) -> dict[str, Any]:
                 **_calls_budget(args),
                 token_budget=args.token_budget,
                 cost_budget_micros=args.cost_budget_micros,
-                max_attempts=args.max_attempts,
+                **_given(max_attempts=args.max_attempts),
             )
         )
 
@@ -267,9 +265,12 @@ def _calls_budget(args: argparse.Namespace) -> dict[str, int | None]:
     """The LLM-call limit as given; none given, the API's default applies."""
     if args.unlimited_calls:
         return {"llm_calls_budget": None}
-    if args.llm_calls_budget is None:
-        return {}
-    return {"llm_calls_budget": args.llm_calls_budget}
+    return _given(llm_calls_budget=args.llm_calls_budget)
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    """The options a user typed: the API's defaults apply to the others."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def _cmd_start(args: argparse.Namespace) -> dict[str, Any]:

@@ -104,10 +104,7 @@ pub fn seconds(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<f64> {
         .call1((obj,))
         .and_then(|f| f.extract::<f64>())
         .map_err(|_| Error::InvalidArgument(name, "is not a number"))?;
-    validate::non_negative_seconds(as_float).map_err(|e| match e {
-        Error::Invalid(rule) => Error::InvalidArgument(name, rule),
-        other => other,
-    })
+    validate::non_negative_seconds(as_float, name)
 }
 
 /// Optional seconds.
@@ -216,7 +213,10 @@ pub fn reconcile_dict<'py>(py: Python<'py>, r: &Report) -> PyResult<Bound<'py, P
 pub fn page_size(obj: &Bound<'_, PyAny>) -> Result<i64> {
     match amount(obj, "limit")? {
         n @ 1..=10_000 => Ok(n),
-        _ => Err(Error::Invalid("limit must be between 1 and 10000")),
+        _ => Err(Error::InvalidArgument(
+            "limit",
+            "must be between 1 and 10000",
+        )),
     }
 }
 

@@ -164,13 +164,16 @@ fn caller_code(converted: Option<&Option<String>>) -> tasks::CallerCode<'_> {
 /// most what SQLite takes (a C int of milliseconds).
 fn busy_ms(obj: &Bound<'_, PyAny>) -> Result<u32> {
     if !obj.is_instance_of::<pyo3::types::PyInt>() {
-        return Err(Error::Invalid("busy_timeout_ms must be an integer"));
+        return Err(Error::InvalidArgument(
+            "busy_timeout_ms",
+            "must be an integer",
+        ));
     }
     let value = convert::amount(obj, "busy_timeout_ms")?;
     i32::try_from(value)
         .ok()
         .and_then(|v| u32::try_from(v).ok())
-        .ok_or(Error::Invalid("busy_timeout_ms is too large"))
+        .ok_or(Error::InvalidArgument("busy_timeout_ms", "is too large"))
 }
 
 fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) -> Result<Fence> {

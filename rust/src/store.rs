@@ -230,14 +230,19 @@ impl Store {
         let deadline = started + Duration::from_millis(u64::from(busy_timeout_ms));
         let mut watch = busy::SignalWatch::from(started);
         loop {
-            match self.judge_then_prepare() {
+            // Explained before a retry: a wait a signal ended (in a pragma,
+            // outside any transaction) must not be retried and forgotten.
+            match self
+                .judge_then_prepare()
+                .map_err(|e| self.interruption.explain(e))
+            {
                 Err(Error::Busy) if watch.signalled(&self.interruption) => {
                     return Err(self.interruption.explain(Error::Busy));
                 }
                 Err(Error::Busy) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                outcome => return outcome.map_err(|e| self.interruption.explain(e)),
+                outcome => return outcome,
             }
         }
     }

@@ -99,13 +99,13 @@ pub fn name(raw: &str) -> Result<()> {
     }
 }
 
-/// A finite, non-negative number of seconds.
-pub fn non_negative_seconds(value: f64) -> Result<f64> {
+/// A finite, non-negative number of seconds; a refusal names the argument.
+pub fn non_negative_seconds(value: f64, name: &'static str) -> Result<f64> {
     if !value.is_finite() {
-        return Err(Error::Invalid("must be finite"));
+        return Err(Error::InvalidArgument(name, "must be finite"));
     }
     if value < 0.0 {
-        return Err(Error::Invalid("must not be negative"));
+        return Err(Error::InvalidArgument(name, "must not be negative"));
     }
     Ok(value)
 }
@@ -190,10 +190,10 @@ mod tests {
 
     #[test]
     fn numbers_are_bounded() {
-        assert!(non_negative_seconds(0.0).is_ok());
-        assert!(non_negative_seconds(-0.1).is_err());
-        assert!(non_negative_seconds(f64::NAN).is_err());
-        assert!(non_negative_seconds(f64::INFINITY).is_err());
+        assert!(non_negative_seconds(0.0, "t").is_ok());
+        assert!(non_negative_seconds(-0.1, "t").is_err());
+        assert!(non_negative_seconds(f64::NAN, "t").is_err());
+        assert!(non_negative_seconds(f64::INFINITY, "t").is_err());
         assert!(non_negative_int(i64::MAX).is_ok());
         assert!(non_negative_int(-1).is_err());
         assert!(timestamp(-5.0).is_ok());
