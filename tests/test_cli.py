@@ -94,7 +94,9 @@ REFUSAL_REASONS: list[tuple[list[str], str]] = [
 @pytest.mark.parametrize(
     ("argv", "reason"), REFUSAL_REASONS, ids=[" ".join(a)[:40] for a, _ in REFUSAL_REASONS]
 )
-@pytest.mark.parametrize("spelling", [["--format", "text"], ["--format=text"]])
+@pytest.mark.parametrize(
+    "spelling", [["--format", "text"], ["--format=text"], ["--form", "text"], ["--forma=text"]]
+)
 def test_a_text_refusal_says_why_without_echoing_what_was_typed(
     tmp_path: Path, argv: list[str], reason: str, spelling: list[str]
 ) -> None:

@@ -429,10 +429,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _format_asked(argv: Sequence[str]) -> str:
-    """--format as typed, for refusals that come before parsing ends."""
-    pairs = itertools.pairwise([*argv, ""])
-    asked = any(a == "--format=text" or (a, b) == ("--format", "text") for a, b in pairs)
-    return "text" if asked else "json"
+    """--format as typed, for refusals that come before parsing ends. Like
+    argparse, it takes a shortened flag (``--form text``)."""
+    for flag, following in itertools.pairwise([*argv, ""]):
+        name, joined, value = flag.partition("=")
+        asked = value if joined else following
+        if len(name) > 2 and "--format".startswith(name) and asked == "text":
+            return "text"
+    return "json"
 
 
 def _refusal(exc: LedgerError, fmt: str) -> dict[str, Any]:
