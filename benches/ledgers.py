@@ -28,9 +28,13 @@ UUID_SQL = (
 )
 
 
-def make_peer_ledger(path: Path, n_tasks: int, *, all_closed: bool = False) -> None:
+def make_peer_ledger(
+    path: Path, n_tasks: int, *, all_closed: bool = False, chain_length: int = 1
+) -> None:
     """A task-state-guard v2 file holding ``n_tasks`` tasks and their events
-    (with ``all_closed``: every task succeeded and delivered two days ago)."""
+    (with ``all_closed``: every task succeeded and delivered two days ago).
+    With ``chain_length`` above 1, the tasks form parent chains that long,
+    each task the child of the one created before it."""
     import task_state_guard
 
     task_state_guard.Ledger(path)  # the peer writes its own schema
@@ -66,6 +70,11 @@ def make_peer_ledger(path: Path, n_tasks: int, *, all_closed: bool = False) -> N
             .replace(":hour", repr(HOUR))
             .replace(":closed", "1" if all_closed else "0"),
             (n_tasks,),
+        )
+        conn.execute(
+            "UPDATE tasks SET parent_id = (SELECT id FROM tasks p WHERE p.rowid = tasks.rowid - 1) "
+            "WHERE (rowid - 1) % ? <> 0",
+            (chain_length,),
         )
         conn.execute(
             """INSERT INTO task_events

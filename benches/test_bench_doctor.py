@@ -72,6 +72,35 @@ def test_peer_doctor(benchmark, files: tuple[Path, Path]) -> None:
     assert report["healthy"] is True
 
 
+@pytest.fixture(scope="module")
+def chained_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """20,000 tasks in parent chains 1,000 deep (doctor walks every link)."""
+    pytest.importorskip("task_state_guard")
+    folder = tmp_path_factory.mktemp("chains")
+    folder.chmod(0o700)
+    peer = folder / "peer.db"
+    make_peer_ledger(peer, scaled(20_000), chain_length=scaled(1_000))
+    ours = copy_ledger(peer, folder / "ours.db")
+    Ledger(ours).close()
+    return peer, ours
+
+
+@pytest.mark.benchmark(group="doctor-chains")
+def test_taskwarden_doctor_deep_chains(benchmark, chained_files: tuple[Path, Path]) -> None:
+    with Ledger(chained_files[1]) as ledger:
+        report = benchmark.pedantic(ledger.doctor, rounds=3, warmup_rounds=1)
+    assert report["healthy"] is True and report["parent_cycle_count"] == 0
+
+
+@pytest.mark.benchmark(group="doctor-chains")
+def test_peer_doctor_deep_chains(benchmark, chained_files: tuple[Path, Path]) -> None:
+    import task_state_guard
+
+    ledger = task_state_guard.Ledger(chained_files[0], read_only=True)
+    report = benchmark.pedantic(ledger.doctor, rounds=2)
+    assert report["healthy"] is True
+
+
 @pytest.mark.benchmark(group="purge-100k")
 def test_purge_closed_tasks(benchmark, files: tuple[Path, Path]) -> None:
     counter = [0]

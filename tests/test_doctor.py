@@ -24,6 +24,7 @@ import stat
 import struct
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -762,6 +763,47 @@ def test_malformed_value_in_one_row_does_not_stop_the_scan(copy: Path) -> None:
     # The odd row itself may go uncounted by status; every other row is counted.
     assert sum(report["task_status_counts"].values()) >= len(NAMES) - 1
     assert report["event_count"] == 35
+
+
+def _chain(ledger: Ledger, ids: Iterator[str], length: int, parent: str | None = None) -> list[str]:
+    chain = []
+    for _ in range(length):
+        parent = ledger.create_task(task_id=next(ids), parent_id=parent).id
+        chain.append(parent)
+    return chain
+
+
+@pytest.mark.parametrize("order", ["members_first", "tails_first", "mixed"])
+def test_each_parent_cycle_counts_once_however_deep_the_trees(tmp_path: Path, order: str) -> None:
+    """Doctor walks the tasks in id order. The ids are dealt so that the
+    cycles are met first from a member, first from a tail hanging below
+    one, or in no particular order."""
+    rng = random.Random(order)
+    pool = sorted(str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(800))
+    if order == "mixed":
+        rng.shuffle(pool)
+    if order == "tails_first":
+        tails, members = iter(pool[:497]), iter(pool[497:])
+    else:
+        members, tails = iter(pool[:303]), iter(pool[303:])
+    path = tmp_path / "trees.db"
+    with Ledger(path) as ledger:
+        ring = _chain(ledger, members, 300)  # its root will point at its leaf
+        for at in (0, 150, 299):
+            _chain(ledger, tails, 20, parent=ring[at])
+        loop = _chain(ledger, members, 1)  # it will be its own parent
+        _chain(ledger, tails, 50, parent=loop[0])
+        pair = _chain(ledger, members, 2)  # a two-task cycle with tails under both
+        for member in pair:
+            _chain(ledger, tails, 10, parent=member)
+        _chain(ledger, tails, 300)  # a deep chain with no cycle
+    with tampering(path, ignore_checks=True) as conn:
+        for child, parent in [(ring[0], ring[-1]), (loop[0], loop[0]), (pair[0], pair[1])]:
+            conn.execute("UPDATE tasks SET parent_id = ? WHERE id = ?", (parent, child))
+    report = doctor_of(path)
+    assert report["parent_cycle_count"] == 3
+    assert report["orphan_count"] == 0
+    assert not report["healthy"]
 
 
 def test_orphan_link_is_a_foreign_key_error_too(copy: Path) -> None:

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::{OptionalExtension, Row, Transaction};
 
+use crate::ancestry::Ancestry;
 use crate::checks::{self, Table};
 use crate::errors::Result;
 use crate::events::{self, Event, Hash};
@@ -240,7 +241,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
         "SELECT parent_id, llm_calls_used, tokens_used, cost_used_micros FROM tasks
          WHERE parent_id IS NOT NULL ORDER BY parent_id",
     )?;
-    let mut parent_of = tx.prepare("SELECT parent_id, created_at FROM tasks WHERE id = ?1")?;
+    let mut ancestry = Ancestry::new(tx)?;
 
     let mut task_rows = tasks.query([])?;
     let mut event_rows = events.query([])?;
@@ -333,12 +334,13 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
 
         let mut late_child = false;
         if let Some(parent) = &task.parent_id {
-            let (on_cycle, parent_created) = walk_parents(&mut parent_of, &task.id, parent);
-            report.parent_cycle_count += i64::from(on_cycle);
-            late_child = parent_created.is_some_and(|p| task.created_at < p);
+            late_child = ancestry
+                .walk(rowid, parent)
+                .is_some_and(|p| task.created_at < p);
         }
         report.timestamp_inconsistency_count += i64::from(task.timestamp_problem() || late_child);
     }
+    report.parent_cycle_count = ancestry.cycles;
     while next_event.is_some() {
         report.foreign_key_error_count += 1;
         next_event = advance_event(&mut event_rows, report)?;
@@ -423,45 +425,6 @@ fn advance_child(rows: &mut rusqlite::Rows<'_>) -> Result<Option<ChildSums>> {
         tokens: num(2),
         cost: num(3),
     }))
-}
-
-/// Follows parent links from `start`. Returns whether `start` sits on a
-/// cycle whose smallest id is `start` (so each cycle counts once), and the
-/// direct parent's creation time if the parent exists.
-fn walk_parents(
-    lookup: &mut rusqlite::Statement<'_>,
-    start: &str,
-    first_parent: &str,
-) -> (bool, Option<f64>) {
-    const MAX_DEPTH: usize = 100_000;
-    let mut seen: Vec<String> = vec![start.to_owned()];
-    let mut current = first_parent.to_owned();
-    let mut parent_created = None;
-    for depth in 0..MAX_DEPTH {
-        // Values of the wrong type are other checks' business: read what
-        // can be read and walk on.
-        let found: rusqlite::Result<Option<(Option<String>, Option<f64>)>> = lookup
-            .query_row([&current], |r| Ok((r.get(0).ok().flatten(), r.get(1).ok())))
-            .optional();
-        let Ok(Some((next, created))) = found else {
-            return (false, parent_created);
-        };
-        if depth == 0 {
-            parent_created = created;
-        }
-        if current == start {
-            return (seen.iter().all(|s| start <= s.as_str()), parent_created);
-        }
-        if seen.contains(&current) {
-            return (false, parent_created);
-        }
-        seen.push(std::mem::take(&mut current));
-        match next {
-            Some(n) => current = n,
-            None => return (false, parent_created),
-        }
-    }
-    (false, parent_created)
 }
 
 /// Replays one task's events: the hash chain and the state machine.

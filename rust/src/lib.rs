@@ -4,6 +4,7 @@
 //! `store`, `fsguard`, `snapshot`) never touch Python; `ledger`, `convert`,
 //! `objects` and `errors` are the only bridge.
 
+mod ancestry;
 mod budget;
 mod busy;
 mod charge;

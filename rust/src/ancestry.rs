@@ -1,0 +1,101 @@
+//! Parent-link cycles for `doctor`, found in one pass over the tasks.
+//!
+//! Each task's walk towards its root stops at the first ancestor an
+//! earlier walk already settled. A ledger of deep task trees then costs
+//! about one lookup per task and one per parent, where walking every task
+//! to its root cost one per task and ancestor (a chain of 3,000 tasks took
+//! 21 s). Memory is one integer per parent task, never an id.
+
+use std::collections::HashSet;
+
+use rusqlite::{OptionalExtension, Statement, Transaction};
+
+use crate::errors::Result;
+
+/// One task reached by a walk.
+struct Found {
+    step: i64,
+    next: Option<String>,
+    created: Option<f64>,
+}
+
+pub struct Ancestry<'conn> {
+    /// A task's rowid, parent and creation time, by id.
+    lookup: Statement<'conn>,
+    /// Tasks whose way up is known: it ends at a root, at a missing
+    /// parent, or on a cycle already counted.
+    settled: HashSet<i64>,
+    /// The tasks of the walk in progress.
+    path: HashSet<i64>,
+    /// Cycles found so far; each is counted once, by the walk that closes it.
+    pub cycles: i64,
+}
+
+impl<'conn> Ancestry<'conn> {
+    pub fn new(tx: &'conn Transaction<'_>) -> Result<Self> {
+        Ok(Self {
+            lookup: tx.prepare("SELECT rowid, parent_id, created_at FROM tasks WHERE id = ?1")?,
+            settled: HashSet::new(),
+            path: HashSet::new(),
+            cycles: 0,
+        })
+    }
+
+    /// Walks up from the task at `rowid`, whose parent is `parent`, and
+    /// returns the parent's creation time if the parent exists.
+    pub fn walk(&mut self, rowid: i64, parent: &str) -> Option<f64> {
+        self.path.clear();
+        self.path.insert(rowid);
+        let mut closed_cycle = false;
+        let mut current = parent.to_owned();
+        let mut parent_created = None;
+        let mut first = true;
+        while let Some(Found {
+            step,
+            next,
+            created,
+        }) = self.find(&current)
+        {
+            if std::mem::take(&mut first) {
+                parent_created = created;
+            }
+            if self.settled.contains(&step) {
+                break;
+            }
+            if !self.path.insert(step) {
+                // No member of this cycle was settled, or the walk would
+                // have stopped there: it is a new one.
+                self.cycles += 1;
+                closed_cycle = true;
+                break;
+            }
+            match next {
+                Some(next) => current = next,
+                None => break,
+            }
+        }
+        // Only parents are kept: a task that is nobody's parent is never
+        // reached by another walk. A start on the cycle it closed is a
+        // parent (of the member below it), and must not count it again.
+        let start = (!closed_cycle).then_some(rowid);
+        self.settled
+            .extend(self.path.drain().filter(|&r| Some(r) != start));
+        parent_created
+    }
+
+    /// The task with this id, if there is one. Values of the wrong type
+    /// are other checks' business: read what can be read and walk on.
+    fn find(&mut self, id: &str) -> Option<Found> {
+        self.lookup
+            .query_row([id], |r| {
+                Ok(Found {
+                    step: r.get(0)?,
+                    next: r.get(1).ok().flatten(),
+                    created: r.get(2).ok(),
+                })
+            })
+            .optional()
+            .ok()
+            .flatten()
+    }
+}
