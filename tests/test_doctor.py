@@ -850,6 +850,38 @@ def _extra_index(path: Path) -> None:
         conn.execute("CREATE INDEX tasks_tenant_extra_idx ON tasks(tenant)")
 
 
+RESET_CALLS = (
+    "AFTER UPDATE OF llm_calls_used ON tasks "
+    "BEGIN UPDATE tasks SET llm_calls_used = 0 WHERE id = new.id; END"
+)
+
+
+def _lookalike_trigger(path: Path) -> None:
+    """Plain SQL may name a trigger ``sqlitex``: the peer's fingerprint
+    skips every name LIKE 'sqlite_%', so it was left out of the check."""
+    with tampering(path) as conn:
+        conn.execute(f"CREATE TRIGGER sqlitex_reset {RESET_CALLS}")
+
+
+def _planted(kind: str, sql: str) -> Callable[[Path], None]:
+    """An object under SQLite's own prefix, written into the schema table."""
+
+    def plant(path: Path) -> None:
+        with tampering(path) as conn:
+            conn.execute("PRAGMA writable_schema = ON")
+            name = f"sqlite_{kind}_x"
+            table = name if kind == "view" else "tasks"  # what a view or trigger is on
+            conn.execute(
+                "INSERT INTO sqlite_master (type, name, tbl_name, rootpage, sql) "
+                "VALUES (?, ?, ?, 0, ?)",
+                (kind, name, table, sql.format(name=name)),
+            )
+            version = conn.execute("PRAGMA schema_version").fetchone()[0]
+            conn.execute(f"PRAGMA schema_version = {version + 1}")
+
+    return plant
+
+
 def _extra_meta(path: Path) -> None:
     with tampering(path) as conn:
         conn.execute("INSERT INTO schema_meta(key, value) VALUES ('note', 'x')")
@@ -875,6 +907,9 @@ def _garbage(path: Path) -> None:
 
 FILE_DAMAGE: dict[str, Callable[[Path], None]] = {
     "extra_schema_object": _extra_index,
+    "lookalike_trigger": _lookalike_trigger,
+    "planted_sqlite_trigger": _planted("trigger", f"CREATE TRIGGER {{name}} {RESET_CALLS}"),
+    "planted_sqlite_view": _planted("view", "CREATE VIEW {name} AS SELECT 'free text' AS note"),
     "extra_schema_meta_key": _extra_meta,
     "schema_version_4": _version("4"),
     "schema_version_2": _version("2"),
@@ -921,6 +956,16 @@ def test_file_that_is_not_a_ledger_is_never_healthy(damage: str, copy: Path) -> 
         # A refused doctor repairs nothing.
         assert file_state(copy)[:2] == before[:2]
         assert sorted(os.listdir(copy.parent)) == before[3]
+
+
+def test_analyze_statistics_leave_a_ledger_healthy(copy: Path) -> None:
+    """``ANALYZE`` adds SQLite's own tables under the reserved prefix: a
+    ledger someone analysed is still a ledger."""
+    with tampering(copy) as conn:
+        conn.execute("ANALYZE")
+        stats = "SELECT count(*) FROM sqlite_master WHERE name = 'sqlite_stat1'"
+        assert conn.execute(stats).fetchone() == (1,)
+    assert doctor_of(copy)["healthy"] is True
 
 
 def test_damaged_page_fails_quick_check(copy: Path) -> None:

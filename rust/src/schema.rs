@@ -238,6 +238,10 @@ fn push_json_string(out: &mut String, text: &str) {
 /// Anything that is neither empty, nor an exact peer file, nor an exact v3
 /// file is refused: a ledger never guesses at a schema.
 pub fn inspect(conn: &Connection) -> Result<Found> {
+    const MISMATCH: Error = Error::Conflict("schema does not match");
+    if planted_objects(conn)? > 0 {
+        return Err(MISMATCH);
+    }
     let names: Vec<String> = conn
         .prepare("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY name")?
         .query_map([], |r| r.get(0))?
@@ -245,7 +249,6 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
     if names.is_empty() {
         return Ok(Found::Empty);
     }
-    const MISMATCH: Error = Error::Conflict("schema does not match");
     if !names.iter().any(|n| n == "schema_meta") {
         return Err(MISMATCH);
     }
@@ -284,6 +287,21 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
         }
         _ => Err(Error::Conflict("unsupported schema version")),
     }
+}
+
+/// Objects whose names the fingerprint skips (the peer's `LIKE 'sqlite_%'`,
+/// which also takes `sqlitex` in any case) but which SQLite did not make:
+/// a trigger or view hidden there would still run, or hold free text. What
+/// SQLite makes itself is a primary key's or UNIQUE's index without text,
+/// the AUTOINCREMENT table and `ANALYZE`'s tables.
+fn planted_objects(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE name LIKE 'sqlite_%' AND NOT (
+            (type = 'index' AND sql IS NULL AND name GLOB 'sqlite_autoindex_*')
+            OR (type = 'table' AND (name = 'sqlite_sequence' OR name GLOB 'sqlite_stat[1-4]')))",
+        [],
+        |r| r.get(0),
+    )?)
 }
 
 fn read_meta(conn: &Connection) -> Result<HashMap<String, String>> {
