@@ -34,7 +34,7 @@ import pytest
 import task_state_guard as tsg
 
 from taskwarden import Ledger
-from taskwarden.errors import LedgerError
+from taskwarden.errors import LedgerError, StateConflict
 
 from .conftest import FrozenClock, run_cli
 
@@ -1196,6 +1196,53 @@ def test_read_only_doctor_never_migrates_a_peer_v2_file(tmp_path: Path) -> None:
         assert dict(conn.execute("SELECT key, value FROM schema_meta")) == version_before
     # The peer can still open its own file.
     assert tsg.Ledger(path, read_only=True).doctor()["healthy"] is True
+
+
+PEER_DAMAGE = {
+    # damage -> the count doctor must raise
+    "event_code_off_registry": (
+        "UPDATE task_events SET code = 'made_up_reason' WHERE code = 'started'",
+        "event_inconsistency_count",
+    ),
+    "terminal_code_wrong_for_status": (
+        "UPDATE tasks SET terminal_code = 'worker_failed' WHERE status = 'succeeded'",
+        "state_inconsistency_count",
+    ),
+    "parent_row_deleted": (
+        "DELETE FROM tasks WHERE id IN (SELECT parent_id FROM tasks)",
+        "orphan_count",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(PEER_DAMAGE), ids=list(PEER_DAMAGE))
+def test_a_damaged_peer_file_is_reported_unhealthy_and_left_alone(
+    tmp_path: Path, damage: str
+) -> None:
+    """The peer reports such a file unhealthy (exit 1), and so does doctor:
+    a writable open still refuses to migrate it, but doctor reads a private
+    migrated copy, damage and all."""
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "peer.db"
+    peer = tsg.Ledger(path, clock=FrozenClock())
+    parent = peer.create_task()
+    peer.start_task(parent.id)
+    peer.close_task(parent.id, "succeeded", code="worker_completed")
+    peer.create_task(parent_id=parent.id)
+    del peer
+    statement, count = PEER_DAMAGE[damage]
+    with tampering(path) as conn:
+        conn.execute(statement)
+    before = file_state(path)
+    with pytest.raises(StateConflict):
+        Ledger(path)
+    for read_only in ([], ["--read-only"]):
+        code, out, raw = run_cli("--db", str(path), "doctor", *read_only)
+        assert code == 1, raw
+        assert out["healthy"] is False and out["schema_version"] == 2
+        assert out[count] >= 1, out
+    assert file_state(path) == before
+    assert tsg.Ledger(path, read_only=True).doctor()["healthy"] is False
 
 
 # --------------------------------------------------------------------------

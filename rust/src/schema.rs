@@ -376,12 +376,44 @@ pub fn upgrade_first_layout(tx: &Transaction<'_>) -> Result<()> {
     Ok(())
 }
 
+/// What a peer file's migration does with rows the peer itself would not
+/// migrate (codes outside its registry, broken parent links, values its
+/// CHECKs forbid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DamagedRows {
+    /// The migration is refused: the file itself would be rewritten.
+    Refuse,
+    /// They are carried over as they are, for doctor to count: only a
+    /// private copy is migrated, to be read.
+    Carry,
+}
+
 /// Migrates a peer v1/v2 file to v3 inside `tx`. Every task and event is
 /// kept; events get their hash chain; the result is exactly a fresh v3
 /// schema. The caller must have turned foreign keys off (SQLite cannot do
 /// that inside a transaction) and checks them again before commit.
-pub fn migrate_peer(tx: &Transaction<'_>) -> Result<()> {
+pub fn migrate_peer(tx: &Transaction<'_>, damaged: DamagedRows) -> Result<()> {
+    if damaged == DamagedRows::Carry {
+        tx.pragma_update(None, "ignore_check_constraints", true)?;
+        let moved = move_peer_rows(tx);
+        tx.pragma_update(None, "ignore_check_constraints", false)?;
+        return moved;
+    }
     check_legacy_codes(tx)?;
+    move_peer_rows(tx)?;
+    let fk_errors: i64 =
+        tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+            r.get(0)
+        })?;
+    if fk_errors != 0 {
+        return Err(Error::Conflict(
+            "legacy database has broken task references",
+        ));
+    }
+    Ok(())
+}
+
+fn move_peer_rows(tx: &Transaction<'_>) -> Result<()> {
     tx.execute_batch(
         "DROP INDEX tasks_parent_idx;
          DROP INDEX tasks_status_idx;
@@ -411,15 +443,6 @@ pub fn migrate_peer(tx: &Transaction<'_>) -> Result<()> {
     tx.execute_batch(indexes)?;
     tx.execute_batch("DROP TABLE tw_migrating_events; DROP TABLE tw_migrating_tasks;")?;
     write_meta(tx)?;
-    let fk_errors: i64 =
-        tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
-            r.get(0)
-        })?;
-    if fk_errors != 0 {
-        return Err(Error::Conflict(
-            "legacy database has broken task references",
-        ));
-    }
     if fingerprint(tx)? != current_fingerprint()? {
         return Err(Error::Internal("migration did not produce the v3 schema"));
     }

@@ -16,7 +16,7 @@ use crate::errors::{Error, Result};
 use crate::events;
 use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
-use crate::schema::{self, Found};
+use crate::schema::{self, DamagedRows, Found};
 use crate::snapshot;
 
 /// Page cache per connection for everyday work (negative: KiB). Kept
@@ -471,7 +471,11 @@ impl Store {
             tx,
         )? {
             Found::Peer(_) => {
-                schema::migrate_peer(tx)?;
+                let damaged = match gate {
+                    Gate::DoctorClean => DamagedRows::Refuse,
+                    Gate::Open => DamagedRows::Carry,
+                };
+                schema::migrate_peer(tx, damaged)?;
                 // Before commit, every check doctor makes: a peer file with
                 // rows taskwarden would never write (free text, a bad id, a
                 // broken invariant) stays the peer's, untouched.
