@@ -497,3 +497,45 @@ def test_same_worker_name_with_stale_attempt_is_fenced(ledger: Ledger) -> None:
     _assert_fenced(ledger, task.id, worker="A", attempt=1)
     assert ledger.charge(task.id, worker="A", attempt=2).allowed
     assert ledger.release(task.id, "A", attempt=2).status is TaskStatus.QUEUED
+
+
+def test_a_zombie_is_not_told_its_close_succeeded_after_the_new_owner_closed(
+    ledger: Ledger,
+) -> None:
+    """Closing again with the same status is a no-op for the claim that
+    closed it; a zombie whose claim ended must still hear StateConflict,
+    or it would deliver its result as if it had been accepted."""
+    task = ledger.create_task()
+    ledger.claim(task.id, "A")
+    ledger.escalate(task.id)
+    ledger.requeue(task.id)
+    ledger.claim(task.id, "B")
+    done = ledger.close_task(task.id, "succeeded", worker="B", attempt=2)
+    for who in ({"worker": "A"}, {"worker": "A", "attempt": 1}, {"attempt": 1}):
+        with pytest.raises(StateConflict):
+            ledger.close_task(task.id, "succeeded", **who)
+        with pytest.raises(StateConflict):
+            ledger.transition(task.id, "succeeded", "succeeded", **who)
+    # The owner's retry is still the no-op it was.
+    assert ledger.close_task(task.id, "succeeded", worker="B", attempt=2) == done
+    assert ledger.transition(task.id, "succeeded", "succeeded", worker="B") == done
+    assert ledger.get_task(task.id) == done
+
+
+def test_a_requeued_task_fences_every_ended_claim_before_the_next_one(ledger: Ledger) -> None:
+    """Requeue clears the owner but leaves the attempt count until the next
+    claim: a fence by attempt alone must not close a task nobody holds."""
+    task = ledger.create_task()
+    ledger.claim(task.id, "A")
+    ledger.block(task.id)
+    queued = ledger.requeue(task.id)
+    assert (queued.status, queued.attempt_count) == ("queued", 1)
+    for who in ({"attempt": 1}, {"worker": "A"}, {"worker": "A", "attempt": 1}):
+        with pytest.raises(StateConflict):
+            ledger.close_task(task.id, "succeeded", **who)
+        with pytest.raises(StateConflict):
+            ledger.transition(task.id, "queued", "cancelled", **who)
+    assert ledger.get_task(task.id) == queued
+    # A claim through transition still compares the attempt it expects.
+    claimed = ledger.transition(task.id, "queued", "running", worker="B", attempt=1)
+    assert (claimed.owner, claimed.attempt_count) == ("B", 2)

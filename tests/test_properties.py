@@ -218,8 +218,11 @@ class LedgerMachine(RuleBasedStateMachine):
         return m.owner if worker == OWNER else worker
 
     def fenced_out(self, m: Model, worker: str | None, attempt: int | None = None) -> bool:
-        return (worker is not None and m.owner != worker) or (
-            attempt is not None and attempt != m.attempt_count
+        fenced = worker is not None or attempt is not None
+        return (
+            (fenced and m.status is S.QUEUED)  # back in the queue: every claim has ended
+            or (worker is not None and m.owner != worker)
+            or (attempt is not None and attempt != m.attempt_count)
         )
 
     def move(self, m: Model, to: TaskStatus, code: str | None, worker: str | None = None) -> None:
@@ -422,19 +425,31 @@ class LedgerMachine(RuleBasedStateMachine):
         m.version += 1
         self.check_task(m, result)
 
-    @rule(i=st.integers(0, N - 1), to=st.sampled_from(TERMINAL), data=st.data())
-    def close(self, i: int, to: TaskStatus, data: st.DataObject) -> None:
+    @rule(
+        i=st.integers(0, N - 1),
+        to=st.sampled_from(TERMINAL),
+        data=st.data(),
+        worker=st.sampled_from([None, None, OWNER, "w2"]),
+        attempt=st.sampled_from([None, None, "current", "stale"]),
+    )
+    def close(self, i: int, to: TaskStatus, data: st.DataObject, worker: Any, attempt: Any) -> None:
         m = self.tasks[i]
         code = data.draw(st.sampled_from(CLOSE_CODES[to]), label="code")
-        if m.status is to:
+        who = self.resolve(m, worker)
+        att = {None: None, "current": m.attempt_count, "stale": m.attempt_count + 1}[attempt]
+
+        def call() -> Task:
+            return self.db.close_task(m.id, to, code=code, worker=who, attempt=att)
+
+        if self.fenced_out(m, who, att) or (m.status is not to and to not in TABLE[m.status]):
+            self.check_refused(StateConflict, call)
+            return
+        if m.status is to:  # closing again: a no-op for the claim that closed it
             before = self.db.get_task(m.id)
-            assert self.db.close_task(m.id, to, code=code) == before
+            assert call() == before
             return
-        if to not in TABLE[m.status]:
-            self.check_refused(StateConflict, lambda: self.db.close_task(m.id, to, code=code))
-            return
-        result = self.db.close_task(m.id, to, code=code)
-        self.move(m, to, code)
+        result = call()
+        self.move(m, to, code, who)
         self.check_task(m, result)
 
     @rule(i=st.integers(0, N - 1))
@@ -471,7 +486,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if m.status is not exp:
             self.check_refused(StateConflict, call)
             return
-        if dst.is_terminal and m.status is dst:
+        if dst.is_terminal and m.status is dst and not self.fenced_out(m, who):
             before = self.db.get_task(m.id)
             assert call() == before
             return

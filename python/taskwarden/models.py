@@ -126,8 +126,11 @@ class Charge:
     one-call charge would be). ``escalated`` is true when this charge ran out
     of budget and moved the task to ``escalated``. ``exhausted`` names the
     dimension (``"calls"``, ``"tokens"``, ``"cost"``) that ran out on the task
-    or an ancestor. ``*_remaining`` is the task's own limit minus its own use,
-    ``None`` where the limit is ``None`` (unlimited).
+    or an ancestor: for ``charge()``, the one that stopped this charge (``None``
+    when it was added, even if it used the last unit); for ``budget()`` and a
+    refused charge on a task that is not running, the first one already used
+    up. ``*_remaining`` is the task's own limit minus its own use, ``None``
+    where the limit is ``None`` (unlimited).
     """
 
     allowed: bool

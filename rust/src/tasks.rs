@@ -37,8 +37,19 @@ pub struct Fence {
 }
 
 impl Fence {
-    /// Refuses a writer whose claim is no longer the current one.
+    /// Refuses a writer whose claim is no longer the current one. A task
+    /// back in the queue has no current claim: whoever fences it holds one
+    /// that ended, even before the next claim raises the attempt count.
     pub fn check(&self, task: &TaskRow) -> Result<()> {
+        let fenced = self.worker.is_some() || self.attempt.is_some();
+        if fenced && task.status == TaskStatus::Queued {
+            return Err(Error::Conflict("the claim of this task has ended"));
+        }
+        self.matches_claim(task)
+    }
+
+    /// The owner and attempt alone, as a claim compares them.
+    fn matches_claim(&self, task: &TaskRow) -> Result<()> {
         if let Some(worker) = &self.worker {
             if task.owner.as_deref() != Some(worker.as_str()) {
                 return Err(Error::Conflict("task is not owned by this worker"));
@@ -442,6 +453,9 @@ pub fn close(
     }
     let task = get(tx, id)?;
     if task.status == to {
+        // Closing again is a no-op for the claim that closed it (the owner
+        // stays for audit), never a success for a zombie's.
+        fence.check(&task)?;
         return Ok(task);
     }
     if task.status.is_terminal() {
@@ -584,6 +598,7 @@ pub fn compare_and_set(
         return Err(Error::Conflict("task is not in the expected status"));
     }
     if to.is_terminal() && task.status == to {
+        fence.check(&task)?;
         return Ok(task);
     }
     if !fsm::can_transition(task.status, to) {
@@ -599,7 +614,7 @@ pub fn compare_and_set(
             worker: None,
             attempt: fence.attempt,
         }
-        .check(&task)?;
+        .matches_claim(&task)?;
     } else {
         fence.check(&task)?;
     }
