@@ -539,3 +539,29 @@ def test_a_requeued_task_fences_every_ended_claim_before_the_next_one(ledger: Le
     # A claim through transition still compares the attempt it expects.
     claimed = ledger.transition(task.id, "queued", "running", worker="B", attempt=1)
     assert (claimed.owner, claimed.attempt_count) == ("B", 2)
+
+
+def test_claim_next_passes_over_tasks_dated_after_its_clock(db_path: Path) -> None:
+    """A process whose clock ran ahead wrote two tasks: one it created, one
+    it released. Claiming them now would move time backwards, so the
+    worker claims the others and leaves those two queued, instead of
+    failing every batch that reaches them."""
+    worker_clock, ahead_clock = FrozenClock(1_000.0), FrozenClock(2_000.0)
+    with Ledger(db_path, clock=worker_clock) as worker, Ledger(db_path, clock=ahead_clock) as ahead:
+        released = worker.create_task()  # the oldest: the head of the queue
+        ahead.claim(released.id, "fast")
+        ahead.release(released.id, "fast")  # queued again, updated at 2,000
+        behind = [worker.create_task() for _ in range(3)]
+        created_ahead = ahead.create_task()
+
+        first = worker.claim_next("w", limit=2)
+        assert [t.id for t in first] == [t.id for t in behind[:2]]
+        assert [t.id for t in worker.claim_next("w", limit=10)] == [behind[2].id]
+        assert worker.claim_next("w", limit=10) == []
+        for task in (released, created_ahead):
+            assert worker.get_task(task.id).status == "queued"
+
+        worker_clock.advance(1_000.0)  # now 2,000: neither is in the future
+        later = worker.claim_next("w", limit=10)
+        assert [t.id for t in later] == [released.id, created_ahead.id]
+        assert all(t.started_at == 2_000.0 for t in later)

@@ -34,6 +34,11 @@ pub fn claim(
 
 /// Claims up to `limit` of the oldest queued tasks (by creation time, then
 /// id), optionally of one tenant, all in the caller's one transaction.
+///
+/// A task dated after this claimer's clock (written by a process whose
+/// clock ran ahead, or before the clock stepped back) cannot be claimed
+/// now without moving time backwards: it is passed over and stays queued,
+/// rather than failing the whole batch and stalling the worker's loop.
 pub fn claim_next(
     tx: &Transaction<'_>,
     worker: &str,
@@ -41,23 +46,13 @@ pub fn claim_next(
     limit: i64,
     clock: Clock<'_>,
 ) -> Result<Vec<TaskRow>> {
-    let queued = {
-        let mut stmt = tx.prepare_cached(&queue_sql(tenant.is_some()))?;
-        let mut rows = match tenant {
-            Some(tenant) => stmt.query(params![limit, tenant])?,
-            None => stmt.query(params![limit])?,
-        };
-        let mut out = Vec::new();
-        while let Some(row) = rows.next()? {
-            out.push(TaskRow::checked(row)?);
-        }
-        out
+    let (batch, now) = claimable(tx, tenant, usize::try_from(limit).unwrap_or(0), clock)?;
+    let Some(now) = now else {
+        return Ok(batch);
     };
-    if queued.is_empty() {
-        return Ok(queued);
-    }
-    let now = clock()?;
-    queued
+    // The queue's cursor is closed by now: the claims below move rows out
+    // of the index it read.
+    batch
         .iter()
         .map(|task| {
             tasks::transition(
@@ -72,14 +67,41 @@ pub fn claim_next(
         .collect()
 }
 
-/// The oldest queued tasks (`?1` of them), of one tenant (`?2`) or of all:
-/// read in order from a partial queue index, never sorted.
+/// Up to `wanted` queued tasks this clock can claim, read lazily in queue
+/// order (the clock only once a task is found, rows past the batch never),
+/// and the clock's reading if it was taken.
+fn claimable(
+    tx: &Transaction<'_>,
+    tenant: Option<&str>,
+    wanted: usize,
+    clock: Clock<'_>,
+) -> Result<(Vec<TaskRow>, Option<f64>)> {
+    let mut stmt = tx.prepare_cached(&queue_sql(tenant.is_some()))?;
+    let mut rows = match tenant {
+        Some(tenant) => stmt.query(params![tenant])?,
+        None => stmt.query([])?,
+    };
+    let mut now = None;
+    let mut batch = Vec::new();
+    while batch.len() < wanted {
+        let Some(row) = rows.next()? else { break };
+        let task = TaskRow::checked(row)?;
+        let now = match now {
+            Some(now) => now,
+            None => *now.insert(clock()?),
+        };
+        if task.latest_timestamp() <= now {
+            batch.push(task);
+        }
+    }
+    Ok((batch, now))
+}
+
+/// The queued tasks, oldest first, of one tenant (`?1`) or of all: read in
+/// order from a partial queue index, never sorted.
 fn queue_sql(by_tenant: bool) -> String {
-    let tenant_filter = if by_tenant { "AND tenant = ?2" } else { "" };
-    format!(
-        "SELECT {COLUMNS} FROM tasks WHERE status = 'queued' {tenant_filter} \
-         ORDER BY created_at, id LIMIT ?1"
-    )
+    let tenant_filter = if by_tenant { "AND tenant = ?1" } else { "" };
+    format!("SELECT {COLUMNS} FROM tasks WHERE status = 'queued' {tenant_filter} ORDER BY created_at, id")
 }
 
 /// The owner gives a running task back: it is queued again, or escalated
