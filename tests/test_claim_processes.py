@@ -565,3 +565,33 @@ def test_claim_next_passes_over_tasks_dated_after_its_clock(db_path: Path) -> No
         later = worker.claim_next("w", limit=10)
         assert [t.id for t in later] == [released.id, created_ahead.id]
         assert all(t.started_at == 2_000.0 for t in later)
+
+
+def test_a_task_closed_while_queued_fences_every_ended_claim(ledger: Ledger) -> None:
+    """An operator closes a requeued task: no claim closed it, so a zombie
+    fencing by attempt alone must not hear that its close was the no-op."""
+    task = ledger.create_task()
+    ledger.claim(task.id, "A")
+    ledger.block(task.id)
+    ledger.requeue(task.id)
+    closed = ledger.close_task(task.id, "succeeded")
+    assert (closed.owner, closed.attempt_count) == (None, 1)
+    for who in ({"attempt": 1}, {"worker": "A", "attempt": 1}):
+        with pytest.raises(StateConflict):
+            ledger.close_task(task.id, "succeeded", **who)
+        with pytest.raises(StateConflict):
+            ledger.transition(task.id, "succeeded", "succeeded", **who)
+    assert ledger.close_task(task.id, "succeeded") == closed  # the unfenced retry
+
+
+def test_claim_next_stops_reading_at_the_first_task_created_after_its_clock(
+    db_path: Path,
+) -> None:
+    """The queue is in creation order, so the first task created after the
+    clock ends the batch. Tasks created later still but with an earlier
+    clock never sort before it."""
+    with Ledger(db_path, clock=FrozenClock(1_000.0)) as worker:
+        with Ledger(db_path, clock=FrozenClock(5_000.0)) as ahead:
+            future = [ahead.create_task() for _ in range(50)]
+        assert worker.claim_next("w", limit=10) == []
+        assert all(worker.get_task(t.id).status == "queued" for t in future)

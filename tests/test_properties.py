@@ -220,7 +220,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def fenced_out(self, m: Model, worker: str | None, attempt: int | None = None) -> bool:
         fenced = worker is not None or attempt is not None
         return (
-            (fenced and m.status is S.QUEUED)  # back in the queue: every claim has ended
+            (fenced and m.owner is None)  # held by no claim: whoever fences, it ended
             or (worker is not None and m.owner != worker)
             or (attempt is not None and attempt != m.attempt_count)
         )

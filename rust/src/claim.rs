@@ -90,6 +90,11 @@ fn claimable(
             Some(now) => now,
             None => *now.insert(clock()?),
         };
+        if task.created_at > now {
+            // The queue is in creation order: no task after this one can
+            // be claimed either, and the write lock is held while it reads.
+            break;
+        }
         if task.latest_timestamp() <= now {
             batch.push(task);
         }

@@ -38,12 +38,13 @@ pub struct Fence {
 
 impl Fence {
     /// Refuses a writer whose claim is no longer the current one. A task
-    /// back in the queue has no current claim: whoever fences it holds one
-    /// that ended, even before the next claim raises the attempt count.
+    /// without an owner (back in the queue, or closed while it was queued)
+    /// is held by no claim: whoever fences it holds one that ended, even
+    /// before the next claim raises the attempt count.
     pub fn check(&self, task: &TaskRow) -> Result<()> {
         let fenced = self.worker.is_some() || self.attempt.is_some();
-        if fenced && task.status == TaskStatus::Queued {
-            return Err(Error::Conflict("the claim of this task has ended"));
+        if fenced && task.owner.is_none() {
+            return Err(Error::Conflict("no claim holds this task"));
         }
         self.matches_claim(task)
     }
