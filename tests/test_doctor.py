@@ -882,6 +882,27 @@ def _planted(kind: str, sql: str) -> Callable[[Path], None]:
     return plant
 
 
+def _planted_table(name: str, sql: str) -> Callable[[Path], None]:
+    """A table of free text renamed into SQLite's reserved prefix (a name
+    SQLite itself no longer makes, in other words than its own)."""
+
+    def plant(path: Path) -> None:
+        with tampering(path) as conn:
+            conn.execute("CREATE TABLE planted (note TEXT)")
+            conn.execute("INSERT INTO planted VALUES ('a prompt left in the file')")
+        with tampering(path) as conn:
+            conn.execute("PRAGMA writable_schema = ON")
+            conn.execute(
+                "UPDATE sqlite_master SET name = ?1, tbl_name = ?1, sql = ?2 "
+                "WHERE name = 'planted'",
+                (name, sql),
+            )
+            version = conn.execute("PRAGMA schema_version").fetchone()[0]
+            conn.execute(f"PRAGMA schema_version = {version + 1}")
+
+    return plant
+
+
 def _extra_meta(path: Path) -> None:
     with tampering(path) as conn:
         conn.execute("INSERT INTO schema_meta(key, value) VALUES ('note', 'x')")
@@ -910,6 +931,7 @@ FILE_DAMAGE: dict[str, Callable[[Path], None]] = {
     "lookalike_trigger": _lookalike_trigger,
     "planted_sqlite_trigger": _planted("trigger", f"CREATE TRIGGER {{name}} {RESET_CALLS}"),
     "planted_sqlite_view": _planted("view", "CREATE VIEW {name} AS SELECT 'free text' AS note"),
+    "planted_stat_table": _planted_table("sqlite_stat3", "CREATE TABLE sqlite_stat3(note TEXT)"),
     "extra_schema_meta_key": _extra_meta,
     "schema_version_4": _version("4"),
     "schema_version_2": _version("2"),
@@ -1212,6 +1234,12 @@ PEER_DAMAGE = {
         "DELETE FROM tasks WHERE id IN (SELECT parent_id FROM tasks)",
         "orphan_count",
     ),
+    # Damage the migration cannot even carry over: doctor reports the
+    # copy it could not migrate.
+    "event_time_as_text": (
+        "UPDATE task_events SET occurred_at = 'yesterday' WHERE code = 'started'",
+        "doctor_error_count",
+    ),
 }
 
 
@@ -1241,6 +1269,20 @@ def test_a_damaged_peer_file_is_reported_unhealthy_and_left_alone(
         assert code == 1, raw
         assert out["healthy"] is False and out["schema_version"] == 2
         assert out[count] >= 1, out
+    # Any other answer would be one the file's own writable open refuses
+    # to give: a preview must not decide what the apply never will.
+    for argv in (
+        ["reconcile", "--dry-run"],
+        ["reconcile"],
+        ["stats", "--read-only"],
+        ["list", "--read-only"],
+    ):
+        code, out, raw = run_cli("--db", str(path), *argv)
+        assert (code, out) == (2, {"ok": False, "error": "StateConflict"}), (argv, raw)
+    with Ledger(path, read_only=True) as preview:
+        with pytest.raises(StateConflict):
+            preview.stats()
+        assert preview.doctor()["healthy"] is False
     assert file_state(path) == before
     assert tsg.Ledger(path, read_only=True).doctor()["healthy"] is False
 

@@ -127,10 +127,11 @@ class Charge:
     of budget and moved the task to ``escalated``. ``exhausted`` names the
     dimension (``"calls"``, ``"tokens"``, ``"cost"``) that ran out on the task
     or an ancestor: for ``charge()``, the one that stopped this charge (``None``
-    when it was added, even if it used the last unit); for ``budget()`` and a
-    refused charge on a task that is not running, the first one already used
-    up. ``*_remaining`` is the task's own limit minus its own use, ``None``
-    where the limit is ``None`` (unlimited).
+    when it was added, even if it used the last unit); for ``budget()``, and
+    for a charge refused because the task is not running or is not the
+    caller's claim, the first one already used up. ``*_remaining`` is the
+    task's own limit minus its own use, ``None`` where the limit is ``None``
+    (unlimited).
     """
 
     allowed: bool

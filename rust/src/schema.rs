@@ -291,14 +291,18 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
 
 /// Objects whose names the fingerprint skips (the peer's `LIKE 'sqlite_%'`,
 /// which also takes `sqlitex` in any case) but which SQLite did not make:
-/// a trigger or view hidden there would still run, or hold free text. What
-/// SQLite makes itself is a primary key's or UNIQUE's index without text,
-/// the AUTOINCREMENT table and `ANALYZE`'s tables.
+/// a trigger or view hidden there would still run, a table hold free text.
+/// What SQLite makes itself is a primary key's or UNIQUE's index without
+/// text, the AUTOINCREMENT table and `ANALYZE`'s tables, each in its own
+/// exact words.
 fn planted_objects(conn: &Connection) -> Result<i64> {
     Ok(conn.query_row(
         "SELECT count(*) FROM sqlite_master WHERE name LIKE 'sqlite_%' AND NOT (
             (type = 'index' AND sql IS NULL AND name GLOB 'sqlite_autoindex_*')
-            OR (type = 'table' AND (name = 'sqlite_sequence' OR name GLOB 'sqlite_stat[1-4]')))",
+            OR (type = 'table' AND (name, sql) IN (VALUES
+                ('sqlite_sequence', 'CREATE TABLE sqlite_sequence(name,seq)'),
+                ('sqlite_stat1', 'CREATE TABLE sqlite_stat1(tbl,idx,stat)'),
+                ('sqlite_stat4', 'CREATE TABLE sqlite_stat4(tbl,idx,neq,nlt,ndlt,sample)'))))",
         [],
         |r| r.get(0),
     )?)

@@ -98,14 +98,15 @@ fn open_writable(path: &DbPath) -> Result<Connection> {
         .map_err(|_| Error::Conflict("database connection failed"))
 }
 
-/// Whether a peer file's migration must leave a doctor-clean ledger.
+/// Which peer files a migration takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Gate {
     /// The file itself is rewritten: anything doctor would flag stays the
     /// peer's, untouched.
     DoctorClean,
-    /// A private copy is migrated for reading; its damage is reported.
-    Open,
+    /// A private copy is migrated for reading, refusing or carrying the
+    /// rows the peer itself would not migrate.
+    Open(DamagedRows),
 }
 
 /// Where the connection's data lives.
@@ -127,6 +128,10 @@ enum Backing {
         /// The schema version of a peer file previewed through a migrated
         /// private copy: what the file itself still is.
         peer_version: Option<i64>,
+        /// Why the file's own migration would be refused, for a damaged
+        /// peer file: only doctor reads it, as any other answer would be
+        /// one that a writable open of the same file refuses to give.
+        legacy_refusal: Option<&'static str>,
     },
     /// `Ledger.in_memory()`.
     Memory,
@@ -315,6 +320,7 @@ impl Store {
                 identity,
                 euid: opts.euid,
                 peer_version: None,
+                legacy_refusal: None,
             },
             busy_timeout_ms: opts.busy_timeout_ms,
             interruption: interruption.clone(),
@@ -362,11 +368,28 @@ impl Store {
                         }
                     }
                 }
-                // Ungated: the copy is private, and a damaged file must
-                // still be previewed and reported on (doctor counts what a
-                // writable open would refuse to migrate).
-                self.migrate(Gate::Open)
+                self.migrate_private_copy()
             }
+        }
+    }
+
+    /// Migrates the private copy of a peer file as its own writable open
+    /// would. If that would be refused, the copy carries the damaged rows
+    /// over for doctor to count (or, if even that fails, stays unmigrated,
+    /// for doctor to report unreadable), and every other read is refused
+    /// with the same reason.
+    fn migrate_private_copy(&mut self) -> Result<()> {
+        let refusal = match self.migrate(Gate::Open(DamagedRows::Refuse)) {
+            Err(Error::Conflict(why) | Error::Storage(why)) => why,
+            Err(Error::Corrupt) => "database file is corrupt or not a ledger",
+            other => return other,
+        };
+        if let Backing::ReadOnly { legacy_refusal, .. } = &mut self.backing {
+            *legacy_refusal = Some(refusal);
+        }
+        match self.migrate(Gate::Open(DamagedRows::Carry)) {
+            Err(interrupted @ Error::Interrupted(_)) => Err(interrupted),
+            _ => Ok(()),
         }
     }
 
@@ -470,21 +493,20 @@ impl Store {
         let outcome = self.transaction(TransactionBehavior::Immediate, |tx| match schema::inspect(
             tx,
         )? {
-            Found::Peer(_) => {
-                let damaged = match gate {
-                    Gate::DoctorClean => DamagedRows::Refuse,
-                    Gate::Open => DamagedRows::Carry,
-                };
-                schema::migrate_peer(tx, damaged)?;
-                // Before commit, every check doctor makes: a peer file with
-                // rows taskwarden would never write (free text, a bad id, a
-                // broken invariant) stays the peer's, untouched.
-                if gate == Gate::Open || doctor::check(tx).logically_sound() {
-                    Ok(())
-                } else {
-                    Err(Error::Conflict("legacy database failed validation"))
+            Found::Peer(_) => match gate {
+                Gate::Open(damaged) => schema::migrate_peer(tx, damaged),
+                Gate::DoctorClean => {
+                    schema::migrate_peer(tx, DamagedRows::Refuse)?;
+                    // Before commit, every check doctor makes: a peer file
+                    // with rows taskwarden would never write (free text, a
+                    // bad id, a broken invariant) stays the peer's.
+                    if doctor::check(tx).logically_sound() {
+                        Ok(())
+                    } else {
+                        Err(Error::Conflict("legacy database failed validation"))
+                    }
                 }
-            }
+            },
             Found::Current => Ok(()),
             Found::Empty | Found::FirstLayout => {
                 Err(Error::Conflict("schema changed while opening"))
@@ -627,6 +649,13 @@ impl Store {
     /// Runs `op` in one read transaction: one consistent snapshot.
     pub fn read<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.verify()?;
+        if let Backing::ReadOnly {
+            legacy_refusal: Some(why),
+            ..
+        } = self.backing
+        {
+            return Err(Error::Conflict(why));
+        }
         self.transaction(TransactionBehavior::Deferred, op)
     }
 
