@@ -42,8 +42,9 @@ impl<'conn> Ancestry<'conn> {
     }
 
     /// Walks up from the task at `rowid`, whose parent is `parent`, and
-    /// returns the parent's creation time if the parent exists.
-    pub fn walk(&mut self, rowid: i64, parent: &str) -> Option<f64> {
+    /// returns the parent's creation time if the parent exists. A read
+    /// that fails (a damaged page) ends doctor's scan as an error.
+    pub fn walk(&mut self, rowid: i64, parent: &str) -> Result<Option<f64>> {
         self.path.clear();
         self.path.insert(rowid);
         let mut closed_cycle = false;
@@ -54,7 +55,7 @@ impl<'conn> Ancestry<'conn> {
             step,
             next,
             created,
-        }) = self.find(&current)
+        }) = self.find(&current)?
         {
             if std::mem::take(&mut first) {
                 parent_created = created;
@@ -80,13 +81,14 @@ impl<'conn> Ancestry<'conn> {
         let start = (!closed_cycle).then_some(rowid);
         self.settled
             .extend(self.path.drain().filter(|&r| Some(r) != start));
-        parent_created
+        Ok(parent_created)
     }
 
     /// The task with this id, if there is one. Values of the wrong type
     /// are other checks' business: read what can be read and walk on.
-    fn find(&mut self, id: &str) -> Option<Found> {
-        self.lookup
+    fn find(&mut self, id: &str) -> Result<Option<Found>> {
+        Ok(self
+            .lookup
             .query_row([id], |r| {
                 Ok(Found {
                     step: r.get(0)?,
@@ -94,8 +96,6 @@ impl<'conn> Ancestry<'conn> {
                     created: r.get(2).ok(),
                 })
             })
-            .optional()
-            .ok()
-            .flatten()
+            .optional()?)
     }
 }
