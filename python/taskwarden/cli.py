@@ -433,8 +433,8 @@ def _format_asked(argv: Sequence[str]) -> str:
     argparse, it takes a shortened flag (``--form text``)."""
     for flag, following in itertools.pairwise([*argv, ""]):
         name, joined, value = flag.partition("=")
-        asked = value if joined else following
-        if len(name) > 2 and "--format".startswith(name) and asked == "text":
+        typed = value if joined else following
+        if len(name) > 2 and "--format".startswith(name) and typed == "text":
             return "text"
     return "json"
 

@@ -14,8 +14,8 @@ use crate::errors::Result;
 
 /// One task reached by a walk.
 struct Found {
-    step: i64,
-    next: Option<String>,
+    rowid: i64,
+    parent: Option<String>,
     created: Option<f64>,
 }
 
@@ -41,39 +41,34 @@ impl<'conn> Ancestry<'conn> {
         })
     }
 
-    /// Walks up from the task at `rowid`, whose parent is `parent`, and
-    /// returns the parent's creation time if the parent exists. A read
-    /// that fails (a damaged page) ends doctor's scan as an error.
-    pub fn walk(&mut self, rowid: i64, parent: &str) -> Result<Option<f64>> {
+    /// Walks up from the task at `rowid`, whose parent is `parent`,
+    /// counting the cycle it closes if any, and returns the parent's
+    /// creation time if the parent exists (doctor's late-child check). A
+    /// read that fails (a damaged page) ends doctor's scan as an error.
+    pub fn walk_up(&mut self, rowid: i64, parent: &str) -> Result<Option<f64>> {
+        let Some(first) = self.find(parent)? else {
+            return Ok(None);
+        };
+        let parent_created = first.created;
         self.path.clear();
         self.path.insert(rowid);
         let mut closed_cycle = false;
-        let mut current = parent.to_owned();
-        let mut parent_created = None;
-        let mut first = true;
-        while let Some(Found {
-            step,
-            next,
-            created,
-        }) = self.find(&current)?
-        {
-            if std::mem::take(&mut first) {
-                parent_created = created;
-            }
-            if self.settled.contains(&step) {
+        let mut next = Some(first);
+        while let Some(found) = next {
+            if self.settled.contains(&found.rowid) {
                 break;
             }
-            if !self.path.insert(step) {
+            if !self.path.insert(found.rowid) {
                 // No member of this cycle was settled, or the walk would
                 // have stopped there: it is a new one.
                 self.cycles += 1;
                 closed_cycle = true;
                 break;
             }
-            match next {
-                Some(next) => current = next,
-                None => break,
-            }
+            next = match found.parent {
+                Some(parent) => self.find(&parent)?,
+                None => None,
+            };
         }
         // Only parents are kept: a task that is nobody's parent is never
         // reached by another walk. A start on the cycle it closed is a
@@ -91,8 +86,8 @@ impl<'conn> Ancestry<'conn> {
             .lookup
             .query_row([id], |r| {
                 Ok(Found {
-                    step: r.get(0)?,
-                    next: r.get(1).ok().flatten(),
+                    rowid: r.get(0)?,
+                    parent: r.get(1).ok().flatten(),
                     created: r.get(2).ok(),
                 })
             })

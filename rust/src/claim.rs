@@ -46,9 +46,9 @@ pub fn claim_next(
     limit: i64,
     clock: Clock<'_>,
 ) -> Result<Vec<TaskRow>> {
-    let (batch, now) = claimable(tx, tenant, usize::try_from(limit).unwrap_or(0), clock)?;
-    let Some(now) = now else {
-        return Ok(batch);
+    let wanted = usize::try_from(limit).map_err(|_| Error::Internal("limit was not checked"))?;
+    let Some((now, batch)) = claimable(tx, tenant, wanted, clock)? else {
+        return Ok(Vec::new());
     };
     // The queue's cursor is closed by now: the claims below move rows out
     // of the index it read.
@@ -67,29 +67,28 @@ pub fn claim_next(
         .collect()
 }
 
-/// Up to `wanted` queued tasks this clock can claim, read lazily in queue
-/// order (the clock only once a task is found, rows past the batch never),
-/// and the clock's reading if it was taken.
+/// Up to `wanted` queued tasks this clock can claim, with the clock's
+/// reading; `None` if the queue is empty. The queue is read lazily: the
+/// clock only once a task is found, rows past the batch never.
 fn claimable(
     tx: &Transaction<'_>,
     tenant: Option<&str>,
     wanted: usize,
     clock: Clock<'_>,
-) -> Result<(Vec<TaskRow>, Option<f64>)> {
+) -> Result<Option<(f64, Vec<TaskRow>)>> {
     let mut stmt = tx.prepare_cached(&queue_sql(tenant.is_some()))?;
     let mut rows = match tenant {
         Some(tenant) => stmt.query(params![tenant])?,
         None => stmt.query([])?,
     };
-    let mut now = None;
+    let Some(first) = rows.next()? else {
+        return Ok(None);
+    };
+    let now = clock()?;
     let mut batch = Vec::new();
-    while batch.len() < wanted {
-        let Some(row) = rows.next()? else { break };
-        let task = TaskRow::checked(row)?;
-        let now = match now {
-            Some(now) => now,
-            None => *now.insert(clock()?),
-        };
+    let mut row = Some(first);
+    while let Some(found) = row {
+        let task = TaskRow::checked(found)?;
         if task.created_at > now {
             // The queue is in creation order: no task after this one can
             // be claimed either, and the write lock is held while it reads.
@@ -97,16 +96,20 @@ fn claimable(
         }
         if task.latest_timestamp() <= now {
             batch.push(task);
+            if batch.len() == wanted {
+                break;
+            }
         }
+        row = rows.next()?;
     }
-    Ok((batch, now))
+    Ok(Some((now, batch)))
 }
 
 /// The queued tasks, oldest first, of one tenant (`?1`) or of all: read in
 /// order from a partial queue index, never sorted.
 fn queue_sql(by_tenant: bool) -> String {
-    let tenant_filter = if by_tenant { "AND tenant = ?1" } else { "" };
-    format!("SELECT {COLUMNS} FROM tasks WHERE status = 'queued' {tenant_filter} ORDER BY created_at, id")
+    let tenant = if by_tenant { "AND tenant = ?1" } else { "" };
+    format!("SELECT {COLUMNS} FROM tasks WHERE status = 'queued' {tenant} ORDER BY created_at, id")
 }
 
 /// The owner gives a running task back: it is queued again, or escalated

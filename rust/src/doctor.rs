@@ -335,7 +335,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
         let mut late_child = false;
         if let Some(parent) = &task.parent_id {
             late_child = ancestry
-                .walk(rowid, parent)?
+                .walk_up(rowid, parent)?
                 .is_some_and(|p| task.created_at < p);
         }
         report.timestamp_inconsistency_count += i64::from(task.timestamp_problem() || late_child);

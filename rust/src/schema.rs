@@ -239,7 +239,7 @@ fn push_json_string(out: &mut String, text: &str) {
 /// file is refused: a ledger never guesses at a schema.
 pub fn inspect(conn: &Connection) -> Result<Found> {
     const MISMATCH: Error = Error::Conflict("schema does not match");
-    if planted_objects(conn)? > 0 {
+    if has_planted_objects(conn)? {
         return Err(MISMATCH);
     }
     let names: Vec<String> = conn
@@ -295,14 +295,14 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
 /// What SQLite makes itself is a primary key's or UNIQUE's index without
 /// text, the AUTOINCREMENT table and `ANALYZE`'s tables, each in its own
 /// exact words.
-fn planted_objects(conn: &Connection) -> Result<i64> {
+fn has_planted_objects(conn: &Connection) -> Result<bool> {
     Ok(conn.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE name LIKE 'sqlite_%' AND NOT (
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name LIKE 'sqlite_%' AND NOT (
             (type = 'index' AND sql IS NULL AND name GLOB 'sqlite_autoindex_*')
             OR (type = 'table' AND (name, sql) IN (VALUES
                 ('sqlite_sequence', 'CREATE TABLE sqlite_sequence(name,seq)'),
                 ('sqlite_stat1', 'CREATE TABLE sqlite_stat1(tbl,idx,stat)'),
-                ('sqlite_stat4', 'CREATE TABLE sqlite_stat4(tbl,idx,neq,nlt,ndlt,sample)'))))",
+                ('sqlite_stat4', 'CREATE TABLE sqlite_stat4(tbl,idx,neq,nlt,ndlt,sample)')))))",
         [],
         |r| r.get(0),
     )?)

@@ -46,16 +46,17 @@ impl Fence {
         if fenced && task.owner.is_none() {
             return Err(Error::Conflict("no claim holds this task"));
         }
-        self.matches_claim(task)
-    }
-
-    /// The owner and attempt alone, as a claim compares them.
-    fn matches_claim(&self, task: &TaskRow) -> Result<()> {
         if let Some(worker) = &self.worker {
             if task.owner.as_deref() != Some(worker.as_str()) {
                 return Err(Error::Conflict("task is not owned by this worker"));
             }
         }
+        self.matches_attempt(task)
+    }
+
+    /// The attempt alone: what a claim through `transition` compares, as
+    /// its worker is about to become the owner.
+    fn matches_attempt(&self, task: &TaskRow) -> Result<()> {
         if let Some(attempt) = self.attempt {
             if task.attempt_count != attempt {
                 return Err(Error::Conflict("a newer claim of this task exists"));
@@ -611,11 +612,7 @@ pub fn compare_and_set(
     if task.status == TaskStatus::Queued && to == TaskStatus::Running {
         // A claim: the worker becomes the owner, so only the attempt the
         // caller expects is compared.
-        Fence {
-            worker: None,
-            attempt: fence.attempt,
-        }
-        .matches_claim(&task)?;
+        fence.matches_attempt(&task)?;
     } else {
         fence.check(&task)?;
     }
