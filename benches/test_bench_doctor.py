@@ -24,16 +24,23 @@ from .ledgers import NOW, copy_ledger, make_peer_ledger
 N_TASKS = scaled(100_000)
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def _peer_and_ours(
+    factory: pytest.TempPathFactory, name: str, n_tasks: int, chain_length: int = 1
+) -> tuple[Path, Path]:
+    """A peer v2 file and taskwarden's migrated copy of it."""
     pytest.importorskip("task_state_guard")
-    folder = tmp_path_factory.mktemp("doctor")
+    folder = factory.mktemp(name)
     folder.chmod(0o700)
     peer = folder / "peer.db"
-    make_peer_ledger(peer, N_TASKS)
+    make_peer_ledger(peer, n_tasks, chain_length=chain_length)
     ours = copy_ledger(peer, folder / "ours.db")
     Ledger(ours).close()
     return peer, ours
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _peer_and_ours(tmp_path_factory, "doctor", N_TASKS)
 
 
 @pytest.mark.benchmark(group="doctor-100k")
@@ -75,14 +82,7 @@ def test_peer_doctor(benchmark, files: tuple[Path, Path]) -> None:
 @pytest.fixture(scope="module")
 def chained_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """20,000 tasks in parent chains 1,000 deep (doctor walks every link)."""
-    pytest.importorskip("task_state_guard")
-    folder = tmp_path_factory.mktemp("chains")
-    folder.chmod(0o700)
-    peer = folder / "peer.db"
-    make_peer_ledger(peer, scaled(20_000), chain_length=scaled(1_000))
-    ours = copy_ledger(peer, folder / "ours.db")
-    Ledger(ours).close()
-    return peer, ours
+    return _peer_and_ours(tmp_path_factory, "chains", scaled(20_000), scaled(1_000))
 
 
 @pytest.mark.benchmark(group="doctor-chains")
