@@ -373,11 +373,13 @@ impl Store {
         }
     }
 
-    /// Migrates the private copy of a peer file as its own writable open
-    /// would. If that would be refused, the copy carries the damaged rows
-    /// over for doctor to count (or, if even that fails, stays unmigrated,
-    /// for doctor to report unreadable), and every other read is refused
-    /// with the same reason.
+    /// Migrates the private copy of a peer file under the peer's own
+    /// migration rules (codes in its registry, whole parent links, its
+    /// CHECKs). If they refuse it, the copy carries the damaged rows over
+    /// for doctor to count (or, if even that fails, stays unmigrated, for
+    /// doctor to report unreadable), and every other read is refused with
+    /// the same reason. The doctor gate of a writable open is not run
+    /// here: it would cost a whole doctor on every read-only open.
     fn migrate_private_copy(&mut self) -> Result<()> {
         let refusal = match self.migrate(Gate::Open(DamagedRows::Refuse)) {
             Err(Error::Conflict(why) | Error::Storage(why)) => why,
