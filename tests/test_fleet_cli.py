@@ -303,8 +303,9 @@ def test_block_and_escalate(
     ok(db_path, "claim", tasks[0], "--worker", "w1")
     ok(db_path, "claim", tasks[1], "--worker", "w1")
     fails(db_path, "StateConflict", command, tasks[0], "--worker", "w2")
+    fails(db_path, "StateConflict", command, tasks[0], "--worker", "w1", "--attempt", "2")
     fails(db_path, "InvalidInput", command, tasks[0], "--code", "budget_exhausted")
-    task = ok(db_path, command, tasks[0], "--worker", "w1")["task"]
+    task = ok(db_path, command, tasks[0], "--worker", "w1", "--attempt", "1")["task"]
     assert (task["status"], task["park_code"], task["owner"]) == (status, default, "w1")
     task = ok(db_path, command, tasks[1], "--code", default)["task"]
     assert (task["status"], task["park_code"]) == (status, default)

@@ -5,6 +5,7 @@ owners, park codes and the reason codes a caller may pass."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import sqlite3
 from pathlib import Path
@@ -422,7 +423,12 @@ def test_block_and_escalate_fence_the_worker(ledger: Ledger, db_path: Path, meth
         StateConflict,
         lambda: getattr(ledger, method)(task.id, worker="w2"),
     )
-    assert getattr(ledger, method)(task.id, worker=WORKER).owner == WORKER
+    stale = task.attempt_count + 1
+    for who in ({"attempt": stale}, {"worker": WORKER, "attempt": stale}):
+        park = functools.partial(getattr(ledger, method), task.id, **who)
+        assert_refused(ledger, db_path, task.id, StateConflict, park)
+    parked = getattr(ledger, method)(task.id, worker=WORKER, attempt=task.attempt_count)
+    assert parked.owner == WORKER
 
 
 @pytest.mark.parametrize("src", PARKED)

@@ -100,7 +100,13 @@ class LedgerCore:
     ) -> Task:
         """Compare-and-set along the transition table."""
     def move_to(
-        self, task_id: object, to: object, *, code: object = None, worker: object = None
+        self,
+        task_id: object,
+        to: object,
+        *,
+        code: object = None,
+        worker: object = None,
+        attempt: object = None,
     ) -> Task:
         """block / escalate / requeue / cancel from the current status."""
     def grant(self, task_id: object, *, calls: object, tokens: object, cost_micros: object) -> Task:

@@ -69,7 +69,7 @@ def add_fleet_commands(
         command = sub.add_parser(name, parents=[common], help=text)
         command.add_argument("task_id")
         command.add_argument("--code", help="reason code from the registry")
-        command.add_argument("--worker", help="refuse unless this worker holds the claim")
+        add_fence(command)
     for name, text in (("requeue", "blocked|escalated -> queued"), ("cancel", "-> cancelled")):
         sub.add_parser(name, parents=[common], help=text).add_argument("task_id")
 
@@ -132,13 +132,11 @@ def _run(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
                 attempt=args.attempt,
             )
         )
-    if c == "block":
-        return _task(
-            ledger.block(args.task_id, code=_parked_code(args, "needs_input"), worker=args.worker)
-        )
-    if c == "escalate":
-        code = _parked_code(args, "escalated_manually")
-        return _task(ledger.escalate(args.task_id, code=code, worker=args.worker))
+    if c in ("block", "escalate"):
+        park = ledger.block if c == "block" else ledger.escalate
+        default = "needs_input" if c == "block" else "escalated_manually"
+        code = _parked_code(args, default)
+        return _task(park(args.task_id, code=code, worker=args.worker, attempt=args.attempt))
     if c == "requeue":
         return _task(ledger.requeue(args.task_id))
     if c == "cancel":

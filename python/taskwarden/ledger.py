@@ -234,15 +234,29 @@ class Ledger:
             task_id, expected, to, code=code, worker=worker, attempt=attempt
         )
 
-    def block(self, task_id: str, *, code: str = "needs_input", worker: str | None = None) -> Task:
-        """``running -> blocked`` (waiting for input); the owner is kept."""
-        return self._core.move_to(task_id, "blocked", code=code, worker=worker)
+    def block(
+        self,
+        task_id: str,
+        *,
+        code: str = "needs_input",
+        worker: str | None = None,
+        attempt: int | None = None,
+    ) -> Task:
+        """``running -> blocked`` (waiting for input); the owner is kept.
+        ``worker`` and ``attempt`` fence a zombie, as on ``close_task``."""
+        return self._core.move_to(task_id, "blocked", code=code, worker=worker, attempt=attempt)
 
     def escalate(
-        self, task_id: str, *, code: str = "escalated_manually", worker: str | None = None
+        self,
+        task_id: str,
+        *,
+        code: str = "escalated_manually",
+        worker: str | None = None,
+        attempt: int | None = None,
     ) -> Task:
-        """``running -> escalated`` (a person must look); the owner is kept."""
-        return self._core.move_to(task_id, "escalated", code=code, worker=worker)
+        """``running -> escalated`` (a person must look); the owner is kept.
+        ``worker`` and ``attempt`` fence a zombie, as on ``close_task``."""
+        return self._core.move_to(task_id, "escalated", code=code, worker=worker, attempt=attempt)
 
     def requeue(self, task_id: str) -> Task:
         """``blocked|escalated -> queued`` (code ``requeued``); the owner is cleared."""

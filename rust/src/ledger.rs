@@ -469,7 +469,7 @@ impl LedgerCore {
 
     /// block, escalate, requeue and cancel: a move into `to` from whatever
     /// the task is now, judged by the table.
-    #[pyo3(signature = (task_id, to, *, code=None, worker=None))]
+    #[pyo3(signature = (task_id, to, *, code=None, worker=None, attempt=None))]
     fn move_to<'py>(
         &self,
         py: Python<'py>,
@@ -477,11 +477,12 @@ impl LedgerCore {
         to: &Bound<'py, PyAny>,
         code: Option<&Bound<'py, PyAny>>,
         worker: Option<&Bound<'py, PyAny>>,
+        attempt: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let to = convert::task_status(to)?;
         let code = convert::opt_code(code)?;
-        let fence = fence(worker, None)?;
+        let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {
             tasks::move_to(tx, &id, to, code.as_deref(), &fence, clock)
         })
