@@ -10,7 +10,7 @@ from typing import Any
 from .ledger import Ledger
 from .models import TaskStatus
 
-__all__ = ["FLEET_COMMANDS", "add_fence", "add_fleet_commands", "fleet_command"]
+__all__ = ["FLEET_COMMANDS", "add_fence", "add_fleet_commands", "fleet_command", "given"]
 
 Opener = Callable[[argparse.Namespace], Ledger]
 _STATUSES = [s.value for s in TaskStatus] + ["pending", "in_progress", "completed"]
@@ -90,8 +90,9 @@ def _tasks(tasks: list[Any]) -> dict[str, Any]:
     return {"ok": True, "tasks": [t.to_dict() for t in tasks]}
 
 
-def _parked_code(args: argparse.Namespace, default: str) -> str:
-    return args.code if args.code is not None else default
+def given(**options: Any) -> dict[str, Any]:
+    """The options a user typed: the API's defaults apply to the others."""
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def _run(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
@@ -134,9 +135,8 @@ def _run(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
         )
     if c in ("block", "escalate"):
         park = ledger.block if c == "block" else ledger.escalate
-        default = "needs_input" if c == "block" else "escalated_manually"
-        code = _parked_code(args, default)
-        return _task(park(args.task_id, code=code, worker=args.worker, attempt=args.attempt))
+        typed = given(code=args.code)
+        return _task(park(args.task_id, worker=args.worker, attempt=args.attempt, **typed))
     if c == "requeue":
         return _task(ledger.requeue(args.task_id))
     if c == "cancel":

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
-from ._fleet_cli import FLEET_COMMANDS, add_fence, add_fleet_commands, fleet_command
+from ._fleet_cli import FLEET_COMMANDS, add_fence, add_fleet_commands, fleet_command, given
 from ._output import emit
 from .errors import InvalidInput, LedgerError, StateConflict
 from .ledger import Ledger
@@ -256,7 +256,7 @@ def _cmd_create(args: argparse.Namespace) -> dict[str, Any]:
                 **_calls_budget(args),
                 token_budget=args.token_budget,
                 cost_budget_micros=args.cost_budget_micros,
-                **_given(max_attempts=args.max_attempts),
+                **given(max_attempts=args.max_attempts),
             )
         )
 
@@ -265,12 +265,7 @@ def _calls_budget(args: argparse.Namespace) -> dict[str, int | None]:
     """The LLM-call limit as given; none given, the API's default applies."""
     if args.unlimited_calls:
         return {"llm_calls_budget": None}
-    return _given(llm_calls_budget=args.llm_calls_budget)
-
-
-def _given(**options: Any) -> dict[str, Any]:
-    """The options a user typed: the API's defaults apply to the others."""
-    return {name: value for name, value in options.items() if value is not None}
+    return given(llm_calls_budget=args.llm_calls_budget)
 
 
 def _cmd_start(args: argparse.Namespace) -> dict[str, Any]:

@@ -475,12 +475,10 @@ impl Store {
         // stays under the read-only snapshot cap longer). Only an
         // optimisation: a busy reader simply postpones it (but a Ctrl-C
         // during its wait is the caller's).
-        match self.conn.execute_batch("VACUUM") {
-            Err(e) => match self.interruption.explain(e.into()) {
-                interrupted @ Error::Interrupted(_) => Err(interrupted),
-                _ => Ok(()),
-            },
-            Ok(()) => Ok(()),
+        let vacuumed = self.conn.execute_batch("VACUUM");
+        match vacuumed.map_err(|e| self.interruption.explain(e.into())) {
+            Err(interrupted @ Error::Interrupted(_)) => Err(interrupted),
+            _ => Ok(()),
         }
     }
 
