@@ -151,3 +151,56 @@ print(os.waitstatus_to_exitcode(status), len(ledger.list_tasks(limit=10)))
 def test_a_forked_child_goes_on_with_its_copy_of_an_in_memory_ledger(tmp_path: Path) -> None:
     child_saw, parent_sees = run_python(_IN_MEMORY)[0].split()
     assert (child_saw, parent_sees) == ("2", "1")
+
+
+# A writer hands its WAL to a helper thread that syncs it ahead of the
+# checkpoint. The helper is stopped before every os.fork(), so the fork
+# copies a process without it (Python 3.12+ warns about forking a
+# multi-threaded process: the DeprecationWarning is made an error here),
+# and the next write, in either process, starts a new one.
+_HELPER_AROUND_FORK = """
+import os, sys, time, warnings
+from taskwarden import Ledger
+
+def helper_threads():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/comm") as comm:
+            names.append(comm.read().strip())
+    return sum(name.startswith("taskwarden-wal") for name in names)
+
+def wait_for_helper():
+    deadline = time.monotonic() + 10
+    while helper_threads() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return helper_threads()
+
+ledger = Ledger(sys.argv[1])
+ledger.create_task()
+print("after a write", wait_for_helper())
+with warnings.catch_warnings():
+    warnings.simplefilter("error", DeprecationWarning)
+    pid = os.fork()
+if pid == 0:
+    child = Ledger(sys.argv[1] + "-child.db")
+    child.create_task()
+    os._exit(0 if wait_for_helper() == 1 else 1)
+print("at the fork", helper_threads())
+_, status = os.waitpid(pid, 0)
+print("child's own helper", "yes" if os.waitstatus_to_exitcode(status) == 0 else "no")
+time.sleep(0.06)
+ledger.create_task()
+print("after the next write", wait_for_helper())
+ledger.close()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_wal_helper_is_stopped_before_a_fork_and_restarted_after(tmp_path: Path) -> None:
+    out = run_python(_HELPER_AROUND_FORK, str(tmp_path / "ledger.db"))
+    assert out[:4] == [
+        "after a write 1",
+        "at the fork 0",
+        "child's own helper yes",
+        "after the next write 1",
+    ]

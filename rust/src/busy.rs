@@ -19,6 +19,7 @@
 //! caller gets the handler's exception (`KeyboardInterrupt`) instead of
 //! waiting out the timeout for a `LedgerBusy`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,6 +77,23 @@ impl Interruption {
     }
 }
 
+/// Whether this connection has waited for another writer's lock since it
+/// was last asked: a writer that shares the file with busy others.
+#[derive(Clone, Default)]
+pub struct Waits(Arc<AtomicBool>);
+
+impl Waits {
+    fn note(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// True when a wait happened since the last call.
+    #[must_use]
+    pub fn take(&self) -> bool {
+        self.0.swap(false, Ordering::Relaxed)
+    }
+}
+
 /// When a wait that began at `started` should next look for signals.
 #[derive(Clone, Copy)]
 pub struct SignalWatch {
@@ -118,16 +136,24 @@ fn pause(count: i32) -> Pause {
 }
 
 /// Installs the handler on `conn`: retry until `timeout_ms` has passed, or
-/// a signal handler raises (kept in `interruption`).
-pub fn install(conn: &mut Connection, timeout_ms: u32, interruption: &Interruption) -> Result<()> {
+/// a signal handler raises (kept in `interruption`). Every wait is noted in
+/// `waits`.
+pub fn install(
+    conn: &mut Connection,
+    timeout_ms: u32,
+    interruption: &Interruption,
+    waits: &Waits,
+) -> Result<()> {
     let timeout = Duration::from_millis(u64::from(timeout_ms));
     let interruption = interruption.clone();
+    let waits = waits.clone();
     let mut started = Instant::now();
     let mut watch = SignalWatch::from(started);
     conn.busy_handler(Some(move |count: i32| {
         if count == 0 {
             started = Instant::now();
             watch = SignalWatch::from(started);
+            waits.note();
         }
         if watch.signalled(&interruption) {
             return false;
@@ -169,7 +195,8 @@ mod tests {
             "PRAGMA journal_mode=WAL; CREATE TABLE IF NOT EXISTS t(x); BEGIN IMMEDIATE;",
         )?;
         let mut waiter = Connection::open(&path)?;
-        install(&mut waiter, 30, &Interruption::default())?;
+        let waits = Waits::default();
+        install(&mut waiter, 30, &Interruption::default(), &waits)?;
         let start = Instant::now();
         let outcome = waiter.execute_batch("BEGIN IMMEDIATE; ROLLBACK;");
         assert!(matches!(
@@ -177,6 +204,8 @@ mod tests {
             crate::errors::Error::Busy
         ));
         assert!(start.elapsed() >= Duration::from_millis(30));
+        assert!(waits.take(), "the wait was noted");
+        assert!(!waits.take(), "and reported once");
         drop(holder);
         std::fs::remove_dir_all(&dir).ok();
         Ok(())

@@ -29,6 +29,7 @@ mod store;
 mod task;
 mod tasks;
 mod validate;
+mod wal_flush;
 
 use pyo3::prelude::*;
 

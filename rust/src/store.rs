@@ -3,7 +3,6 @@
 //! operation runs in. Only this module and the SQL modules below it know
 //! the ledger is SQLite.
 
-use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
@@ -18,6 +17,7 @@ use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
 use crate::schema::{self, DamagedRows, Found};
 use crate::snapshot;
+use crate::wal_flush;
 
 /// Page cache per connection for everyday work (negative: KiB). Kept
 /// small on purpose: a commit whose b-tree balance renumbered pages (most
@@ -141,9 +141,9 @@ enum Backing {
 pub struct Store {
     conn: Connection,
     /// Our own handle on the WAL the connection writes (files only); see
-    /// [`Store::reopen_if_wal_unlinked`]. Declared after `conn`, so it is
-    /// closed after the connection.
-    wal: Option<File>,
+    /// [`Store::reopen_if_wal_unlinked`] and `wal_flush`. Declared after
+    /// `conn`, so it is released after the connection.
+    wal: Option<wal_flush::Pacer>,
     /// This handle's use of the process's one descriptor on the file,
     /// released after `conn` (declared after it): see `held_files`.
     file_lease: Option<Lease>,
@@ -154,6 +154,9 @@ pub struct Store {
     busy_timeout_ms: u32,
     /// A signal that ended this connection's lock wait, until reported.
     interruption: busy::Interruption,
+    /// Whether this connection waited for another writer since its last
+    /// commit's WAL hand-over (see `wal_flush`).
+    waits: busy::Waits,
     durability: Durability,
     external_acl: bool,
 }
@@ -213,6 +216,7 @@ impl Store {
             },
             busy_timeout_ms: opts.busy_timeout_ms,
             interruption: interruption.clone(),
+            waits: busy::Waits::default(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
@@ -221,7 +225,7 @@ impl Store {
         store.prepare_file_with_retries(opts.busy_timeout_ms)?;
         fsguard::verify_identity(&path, identity)?;
         fsguard::secure_sidecars(&path, true)?;
-        store.wal = fsguard::open_wal(&path);
+        store.wal = fsguard::open_wal(&path).map(wal_flush::Pacer::new);
         Ok(store)
     }
 
@@ -262,6 +266,7 @@ impl Store {
             backing: Backing::Memory,
             busy_timeout_ms,
             interruption: busy::Interruption::default(),
+            waits: busy::Waits::default(),
             durability: Durability::Normal,
             external_acl: false,
         };
@@ -324,10 +329,16 @@ impl Store {
             },
             busy_timeout_ms: opts.busy_timeout_ms,
             interruption: interruption.clone(),
+            waits: busy::Waits::default(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
-        busy::install(&mut store.conn, opts.busy_timeout_ms, &store.interruption)?;
+        busy::install(
+            &mut store.conn,
+            opts.busy_timeout_ms,
+            &store.interruption,
+            &store.waits,
+        )?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
         // Nothing is committed here; set only so `storage_info` tells the
         // level this handle was opened with, not SQLite's default.
@@ -396,7 +407,12 @@ impl Store {
     }
 
     fn configure(&mut self) -> Result<()> {
-        busy::install(&mut self.conn, self.busy_timeout_ms, &self.interruption)?;
+        busy::install(
+            &mut self.conn,
+            self.busy_timeout_ms,
+            &self.interruption,
+            &self.waits,
+        )?;
         pin_query_plans(&self.conn)?;
         self.conn.pragma_update(None, "foreign_keys", true)?;
         let fk: bool = self
@@ -591,7 +607,7 @@ impl Store {
         let unlinked = self
             .wal
             .as_ref()
-            .is_some_and(|wal| wal.metadata().map_or(true, |m| m.nlink() == 0));
+            .is_some_and(|wal| wal.wal().metadata().map_or(true, |m| m.nlink() == 0));
         let Backing::File { path, .. } = &self.backing else {
             return Ok(());
         };
@@ -607,7 +623,7 @@ impl Store {
         self.configure()?;
         self.ensure_wal()?;
         fsguard::secure_sidecars(&path, true)?;
-        self.wal = fsguard::open_wal(&path);
+        self.wal = fsguard::open_wal(&path).map(wal_flush::Pacer::new);
         Ok(())
     }
 
@@ -632,7 +648,13 @@ impl Store {
             return Err(Error::Conflict("ledger is read-only"));
         }
         self.verify()?;
-        self.transaction(TransactionBehavior::Immediate, op)
+        let out = self.transaction(TransactionBehavior::Immediate, op)?;
+        // Under `full` every commit has synced the WAL already.
+        let contended = self.waits.take();
+        if let (Some(wal), Durability::Normal) = (&mut self.wal, self.durability) {
+            wal.after_commit(contended);
+        }
+        Ok(out)
     }
 
     /// Like [`Store::write`], for one large rewrite (reconcile, purge): the
