@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::held_files;
 use crate::store::Store;
+use crate::wal_flush;
 
 /// Where a handle keeps its store (`None` once closed).
 pub type Slot = Mutex<Option<Store>>;
@@ -36,6 +37,7 @@ static ORPHANS: Mutex<Vec<Store>> = Mutex::new(Vec::new());
 
 /// The registries' locks, held across a fork (see [`hold_registries`]).
 struct Registries {
+    _wal_helper: wal_flush::ForkLock,
     _open: MutexGuard<'static, Vec<(Weak<Slot>, u32)>>,
     _orphans: MutexGuard<'static, Vec<Store>>,
     _held: held_files::ForkLock,
@@ -50,9 +52,11 @@ thread_local! {
 /// locks, so that none is held by another thread at the moment of the fork
 /// (the child would inherit it locked for ever, and its first ledger would
 /// wait on it). Their holders never wait for the interpreter, so this
-/// waits only for them to finish. No SQLite is called.
+/// waits only for them to finish. No SQLite is called. The WAL helper is
+/// stopped first (see `wal_flush::stop_for_fork`).
 pub fn hold_registries() {
     let registries = Registries {
+        _wal_helper: wal_flush::stop_for_fork(),
         _open: locked(&OPEN),
         _orphans: locked(&ORPHANS),
         _held: held_files::lock_for_fork(),

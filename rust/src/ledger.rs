@@ -649,11 +649,9 @@ impl Drop for LedgerCore {
     }
 }
 
-/// `os.register_at_fork(before=...)`: stops the WAL helper (see
-/// `wal_flush::stop_before_fork`), then `fork_guard::hold_registries`.
+/// `os.register_at_fork(before=...)`: see `fork_guard::hold_registries`.
 #[pyfunction]
 pub fn hold_registries_for_fork() {
-    crate::wal_flush::stop_before_fork();
     fork_guard::hold_registries();
 }
 

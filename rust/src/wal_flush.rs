@@ -18,7 +18,7 @@
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -85,8 +85,8 @@ impl Pacer {
     /// Contended: other processes write the same file, and while one of
     /// them waits in a checkpoint's sync the others use the processors. An
     /// early sync then buys nothing and costs each process its own syncs
-    /// (each one also a flush of the disk's cache): four processes on two
-    /// cores ran 2-7% slower with it.
+    /// (each one also a flush of the disk's cache): four and sixteen
+    /// processes on two cores ran 2-8% slower with it.
     pub fn after_commit(&mut self, contended: bool) {
         let now = Instant::now();
         if contended
@@ -100,8 +100,8 @@ impl Pacer {
         let Some(queue) = queue() else {
             return;
         };
-        // `try_lock`: the helper holds this lock only to take the list, so
-        // a busy lock means a sync is about to start anyway.
+        // `try_lock`: the helper and other writers hold this lock only for
+        // a moment; a hand-over missed now is made after the next interval.
         let Ok(mut work) = queue.work.try_lock() else {
             return;
         };
@@ -164,28 +164,35 @@ fn serve(queue: &Queue) {
     }
 }
 
+/// The helper's record, held across a fork: no writer starts a helper
+/// while the fork is under way.
+pub struct ForkLock {
+    _record: MutexGuard<'static, Option<Helper>>,
+}
+
 /// Before a fork (an `os.register_at_fork` hook): ends this process's
 /// helper and waits for it, so the fork copies a process with no thread of
 /// ours in it (from Python 3.12 on, forking a multi-threaded process is
 /// warned about, as the child may inherit locks held by threads it lacks).
-/// The next hand-over, in the parent or the child, starts a new helper.
-pub fn stop_before_fork() {
+/// Until the returned lock is dropped after the fork, hand-overs are
+/// skipped; the next one, in the parent or the child, starts a new helper.
+pub fn stop_for_fork() -> ForkLock {
     let mut helper = HELPER.lock().unwrap_or_else(PoisonError::into_inner);
-    let Some(running) = helper.take() else {
-        return;
-    };
-    if running.pid != std::process::id() {
-        return; // a parent's record: its thread is not in this process
+    if let Some(running) = helper.take() {
+        // A parent's record names a thread that is not in this process.
+        if running.pid == std::process::id() {
+            running
+                .queue
+                .work
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .stop = true;
+            running.queue.wake.notify_one();
+            // A helper that panicked has stopped too.
+            let _ = running.thread.join();
+        }
     }
-    running
-        .queue
-        .work
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .stop = true;
-    running.queue.wake.notify_one();
-    // A helper that panicked has stopped too.
-    let _ = running.thread.join();
+    ForkLock { _record: helper }
 }
 
 #[cfg(test)]
