@@ -10,7 +10,7 @@
 //! So a writer hands its WAL, at most once per [`INTERVAL`], to one helper
 //! thread per process that syncs it (`fdatasync`) while the writer goes on:
 //! the disk works during the next transactions, and the checkpoint's own
-//! sync finds only the last few milliseconds' worth. The helper does
+//! sync finds at most the last interval's worth. The helper does
 //! nothing else. It never touches SQLite, and nothing depends on it:
 //! durability stays exactly SQLite's, a sync that fails or never happens
 //! leaves the pages for the checkpoint's sync to write and report, and a
