@@ -27,6 +27,7 @@ use pyo3::{PyErr, Python};
 use rusqlite::Connection;
 
 use crate::errors::{Error, Result};
+use crate::turnstile::Turnstile;
 
 /// How often a lock wait runs Python's signal handlers. Short waits (the
 /// usual hand-off between workers) never take the interpreter.
@@ -40,7 +41,7 @@ pub struct Interruption(Arc<Mutex<Option<PyErr>>>);
 impl Interruption {
     /// Runs Python's signal handlers (they run on the main thread only; a
     /// process without an interpreter has none). True when one raised.
-    fn signalled(&self) -> bool {
+    pub fn signalled(&self) -> bool {
         // A closure, not the method path: the method's lifetime is not
         // general enough for `try_attach`.
         #[allow(clippy::redundant_closure_for_method_calls)]
@@ -137,16 +138,20 @@ fn pause(count: i32) -> Pause {
 
 /// Installs the handler on `conn`: retry until `timeout_ms` has passed, or
 /// a signal handler raises (kept in `interruption`). Every wait is noted in
-/// `waits`.
+/// `waits`, and gives up the connection's turn (see `turnstile`): whoever
+/// holds SQLite's lock took no turn, and the writers queued behind this one
+/// should not wait for it without their own timeouts.
 pub fn install(
     conn: &mut Connection,
     timeout_ms: u32,
     interruption: &Interruption,
     waits: &Waits,
+    turnstile: &Turnstile,
 ) -> Result<()> {
     let timeout = Duration::from_millis(u64::from(timeout_ms));
     let interruption = interruption.clone();
     let waits = waits.clone();
+    let turnstile = turnstile.clone();
     let mut started = Instant::now();
     let mut watch = SignalWatch::from(started);
     conn.busy_handler(Some(move |count: i32| {
@@ -154,6 +159,8 @@ pub fn install(
             started = Instant::now();
             watch = SignalWatch::from(started);
             waits.note();
+            turnstile.leave();
+            turnstile.contended();
         }
         if watch.signalled(&interruption) {
             return false;
@@ -196,7 +203,13 @@ mod tests {
         )?;
         let mut waiter = Connection::open(&path)?;
         let waits = Waits::default();
-        install(&mut waiter, 30, &Interruption::default(), &waits)?;
+        install(
+            &mut waiter,
+            30,
+            &Interruption::default(),
+            &waits,
+            &Turnstile::default(),
+        )?;
         let start = Instant::now();
         let outcome = waiter.execute_batch("BEGIN IMMEDIATE; ROLLBACK;");
         assert!(matches!(

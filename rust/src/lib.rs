@@ -28,6 +28,7 @@ mod snapshot;
 mod store;
 mod task;
 mod tasks;
+mod turnstile;
 mod validate;
 mod wal_flush;
 

@@ -17,6 +17,7 @@ use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
 use crate::schema::{self, DamagedRows, Found};
 use crate::snapshot;
+use crate::turnstile::Turnstile;
 use crate::wal_flush;
 
 /// Page cache per connection for everyday work (negative: KiB). Kept
@@ -157,6 +158,8 @@ pub struct Store {
     /// Whether this connection waited for another writer since its last
     /// commit's WAL hand-over (see `wal_flush`).
     waits: busy::Waits,
+    /// This handle's turn for the write lock, while it holds one.
+    turnstile: Turnstile,
     durability: Durability,
     external_acl: bool,
 }
@@ -217,6 +220,7 @@ impl Store {
             busy_timeout_ms: opts.busy_timeout_ms,
             interruption: interruption.clone(),
             waits: busy::Waits::default(),
+            turnstile: Turnstile::default(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
@@ -267,6 +271,7 @@ impl Store {
             busy_timeout_ms,
             interruption: busy::Interruption::default(),
             waits: busy::Waits::default(),
+            turnstile: Turnstile::default(),
             durability: Durability::Normal,
             external_acl: false,
         };
@@ -330,6 +335,7 @@ impl Store {
             busy_timeout_ms: opts.busy_timeout_ms,
             interruption: interruption.clone(),
             waits: busy::Waits::default(),
+            turnstile: Turnstile::default(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
         };
@@ -338,6 +344,7 @@ impl Store {
             opts.busy_timeout_ms,
             &store.interruption,
             &store.waits,
+            &store.turnstile,
         )?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
         // Nothing is committed here; set only so `storage_info` tells the
@@ -412,6 +419,7 @@ impl Store {
             self.busy_timeout_ms,
             &self.interruption,
             &self.waits,
+            &self.turnstile,
         )?;
         pin_query_plans(&self.conn)?;
         self.conn.pragma_update(None, "foreign_keys", true)?;
@@ -644,11 +652,30 @@ impl Store {
 
     /// Runs `op` in one write transaction (`BEGIN IMMEDIATE`): all or nothing.
     pub fn write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+        self.write_taking_turn(true, op)
+    }
+
+    /// A write transaction, after waiting for this handle's turn if
+    /// `in_turn` (see `turnstile`).
+    fn write_taking_turn<T>(
+        &mut self,
+        in_turn: bool,
+        op: impl FnOnce(&Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
         if self.is_read_only() {
             return Err(Error::Conflict("ledger is read-only"));
         }
         self.verify()?;
-        let out = self.transaction(TransactionBehavior::Immediate, op)?;
+        if in_turn {
+            self.take_turn()?;
+        }
+        let out = self.transaction(TransactionBehavior::Immediate, op);
+        // Given up only now, after the checkpoint a commit may run: while
+        // writers go on beside it, readers keep pinning older frames and
+        // the checkpoint rarely gets to the end of the WAL, which then
+        // grows, and every page read must search more of its index.
+        self.turnstile.leave();
+        let out = out?;
         // Under `full` every commit has synced the WAL already.
         let contended = self.waits.take();
         if let (Some(wal), Durability::Normal) = (&mut self.wal, self.durability) {
@@ -657,13 +684,27 @@ impl Store {
         Ok(out)
     }
 
+    /// Waits for this handle's turn for the write lock (see `turnstile`).
+    fn take_turn(&mut self) -> Result<()> {
+        let Some(wal) = &self.wal else {
+            return Ok(());
+        };
+        self.interruption.forget();
+        self.turnstile
+            .enter(wal.shared(), &self.interruption)
+            .map_err(|e| self.interruption.explain(e))
+    }
+
     /// Like [`Store::write`], for one large rewrite (reconcile, purge): the
     /// page cache is raised for the transaction so dirty pages are not
-    /// spilled to the WAL before the commit writes them anyway.
+    /// spilled to the WAL before the commit writes them anyway. It takes no
+    /// turn: it may hold the lock for seconds, and writers queued for a
+    /// turn would wait that long whatever their timeouts; they wait for
+    /// SQLite's lock in the busy handler instead.
     pub fn bulk_write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.conn
             .pragma_update(None, "cache_size", BULK_CACHE_KIB)?;
-        let out = self.write(op);
+        let out = self.write_taking_turn(false, op);
         self.conn.pragma_update(None, "cache_size", CACHE_KIB)?;
         out
     }

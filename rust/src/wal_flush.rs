@@ -78,6 +78,12 @@ impl Pacer {
         &self.wal
     }
 
+    /// The WAL handle, to share (see `turnstile`).
+    #[must_use]
+    pub fn shared(&self) -> &Arc<File> {
+        &self.wal
+    }
+
     /// After a commit: hands the WAL to the helper unless that was done
     /// less than [`INTERVAL`] ago, or this connection `contended` for the
     /// lock since. Never waits.

@@ -1,0 +1,140 @@
+"""Writers that share a file take turns for the write lock (an exclusive
+``flock`` on each handle's own descriptor of the WAL) instead of polling
+SQLite for it: a lone writer takes none, a bulk rewrite takes none, and
+Ctrl-C still ends a wait for a turn at once.
+
+Another writer's turn is played here by a second descriptor of the WAL
+holding the same ``flock``, as a writer's own descriptor does."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from taskwarden import Ledger
+
+# Holds SQLite's write lock with plain sqlite3 for a moment, in its own
+# process: the ledger's next write meets a busy lock and starts taking turns.
+BRIEF_LOCK = r"""
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(0.3)
+conn.execute("ROLLBACK")
+conn.close()
+"""
+
+TURN_WAIT_INTERRUPTED = r"""
+import fcntl, os, signal, subprocess, sys, threading, time
+from taskwarden import Ledger
+sys.path.insert(0, sys.argv[2])
+from test_turnstile import contend
+ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
+contend(ledger, sys.argv[1])
+wal = open(sys.argv[1] + "-wal", "rb")
+fcntl.flock(wal, fcntl.LOCK_EX)
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    ledger.create_task()
+    print("created")
+except KeyboardInterrupt:
+    print("interrupted after", time.monotonic() - started)
+"""
+
+
+def contend(ledger: Ledger, path: str) -> None:
+    """Makes ``ledger`` meet another writer: its next writes take turns."""
+    with subprocess.Popen(
+        [sys.executable, "-c", BRIEF_LOCK, path], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        ledger.create_task()  # waits in the busy handler until the rollback
+        assert holder.wait(timeout=60) == 0
+
+
+@contextlib.contextmanager
+def turn_held(path: Path) -> Iterator[None]:
+    """Another writer's turn: the WAL's ``flock``, on a descriptor of its own."""
+    with open(f"{path}-wal", "rb") as wal:
+        fcntl.flock(wal, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(wal, fcntl.LOCK_UN)
+
+
+def timed_in_thread(call, seconds: float) -> tuple[bool, float]:
+    """Runs ``call`` in a thread: whether it finished within ``seconds``,
+    and how long it took (or had taken by then)."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def run() -> None:
+        call()
+        done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    finished = done.wait(seconds)
+    return finished, time.monotonic() - started
+
+
+def test_a_writer_that_met_others_waits_for_its_turn(db_path: Path) -> None:
+    with Ledger(db_path, busy_timeout_ms=60_000) as ledger, Ledger(db_path) as reader:
+        contend(ledger, str(db_path))
+        with turn_held(db_path):
+            finished, _ = timed_in_thread(ledger.create_task, 0.5)
+            assert not finished, "wrote while another writer had its turn"
+            assert reader.stats()["task_count"] == 1  # contend()'s task alone
+        # The turn is free: the waiting write goes through.
+        deadline = time.monotonic() + 30
+        while reader.stats()["task_count"] == 1:
+            assert time.monotonic() < deadline, "the write never went through"
+            time.sleep(0.01)
+        assert reader.stats()["task_count"] == 2
+
+
+def test_a_lone_writer_takes_no_turn(db_path: Path) -> None:
+    """A handle that never met another writer makes no extra call: a held
+    turn does not hold it up."""
+    with Ledger(db_path) as ledger, turn_held(db_path):
+        finished, took = timed_in_thread(ledger.create_task, 30)
+        assert finished, f"a lone writer waited for a turn ({took:.1f} s)"
+
+
+def test_a_bulk_rewrite_takes_no_turn(db_path: Path) -> None:
+    """reconcile may hold the lock for seconds: it waits for SQLite's lock in
+    the busy handler (with its timeout), never in the turnstile's queue."""
+    with Ledger(db_path, busy_timeout_ms=60_000) as ledger:
+        contend(ledger, str(db_path))
+        with turn_held(db_path):
+            finished, took = timed_in_thread(
+                lambda: ledger.reconcile(active_grace_seconds=600, delivery_grace_seconds=600),
+                30,
+            )
+            assert finished, f"reconcile waited for a turn ({took:.1f} s)"
+
+
+def test_ctrl_c_ends_a_wait_for_the_turn(db_path: Path) -> None:
+    Ledger(db_path).close()
+    out = subprocess.run(
+        [sys.executable, "-c", TURN_WAIT_INTERRUPTED, str(db_path), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    word, _, waited = out.strip().rpartition(" ")
+    assert word == "interrupted after", out
+    assert float(waited) < 5.0
+    with Ledger(db_path) as ledger:
+        assert ledger.stats()["task_count"] == 1  # contend()'s task; nothing else
