@@ -1,7 +1,8 @@
 """Writers that share a file take turns for the write lock (an exclusive
 ``flock`` on each handle's own descriptor of the WAL) instead of polling
-SQLite for it: a lone writer takes none, a bulk rewrite takes none, and
-Ctrl-C still ends a wait for a turn at once.
+SQLite for it: a lone writer takes none, a bulk rewrite takes none, a wait
+for a turn ends at ``busy_timeout_ms`` with ``LedgerBusy``, and Ctrl-C
+ends it at once.
 
 Another writer's turn is played here by a second descriptor of the WAL
 holding the same ``flock``, as a writer's own descriptor does."""
@@ -17,7 +18,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from taskwarden import Ledger
+from taskwarden.errors import LedgerBusy
 
 # Holds SQLite's write lock with plain sqlite3 for a moment, in its own
 # process: the ledger's next write meets a busy lock and starts taking turns.
@@ -101,6 +105,24 @@ def test_a_writer_that_met_others_waits_for_its_turn(db_path: Path) -> None:
             assert time.monotonic() < deadline, "the write never went through"
             time.sleep(0.01)
         assert reader.stats()["task_count"] == 2
+
+
+def test_a_wait_for_a_turn_ends_at_the_busy_timeout(db_path: Path) -> None:
+    """A turn held for ever (its writer stopped mid-write, say) costs a
+    waiter its busy timeout and a LedgerBusy, as SQLite's own lock does;
+    nothing is written, and the handle works once the turn is free."""
+    with Ledger(db_path, busy_timeout_ms=300) as ledger:
+        contend(ledger, str(db_path))
+        with turn_held(db_path):
+            for _ in range(2):  # the second wait reuses the first's thread
+                started = time.monotonic()
+                with pytest.raises(LedgerBusy):
+                    ledger.create_task()
+                waited = time.monotonic() - started
+                assert 0.25 <= waited < 5.0, waited
+            assert ledger.stats()["task_count"] == 1  # contend()'s task alone
+        assert ledger.create_task().status == "queued"
+        assert ledger.stats()["task_count"] == 2
 
 
 def test_a_lone_writer_takes_no_turn(db_path: Path) -> None:

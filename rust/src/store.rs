@@ -691,7 +691,11 @@ impl Store {
         };
         self.interruption.forget();
         self.turnstile
-            .enter(wal.shared(), &self.interruption)
+            .enter(
+                wal.shared(),
+                &self.interruption,
+                Duration::from_millis(u64::from(self.busy_timeout_ms)),
+            )
             .map_err(|e| self.interruption.explain(e))
     }
 
