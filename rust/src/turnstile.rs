@@ -197,10 +197,22 @@ impl Turnstile {
                 Stage::Waiting | Stage::Abandoned => {}
             }
             let left = timeout.saturating_sub(started.elapsed());
-            if left.is_zero() || watch.signalled(interruption) {
-                *stage = Stage::Abandoned;
+            // Python's handlers run without the thread's lock: the thread
+            // may hand over the turn meanwhile, and the others wait for it.
+            let give_up = left.is_zero() || {
                 drop(stage);
-                self.turns().abandoned = Some(Arc::clone(wait));
+                let raised = watch.signalled(interruption);
+                stage = wait.stage();
+                raised
+            };
+            if give_up {
+                if *stage == Stage::Granted {
+                    let _ = wait.wal.unlock();
+                } else if *stage == Stage::Waiting {
+                    *stage = Stage::Abandoned;
+                    drop(stage);
+                    self.turns().abandoned = Some(Arc::clone(wait));
+                }
                 return Err(Error::Busy);
             }
             stage = wait
