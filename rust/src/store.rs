@@ -692,7 +692,7 @@ impl Store {
         self.interruption.forget();
         self.turnstile
             .enter(
-                wal.shared(),
+                wal.wal(),
                 &self.interruption,
                 Duration::from_millis(u64::from(self.busy_timeout_ms)),
             )
@@ -702,9 +702,9 @@ impl Store {
     /// Like [`Store::write`], for one large rewrite (reconcile, purge): the
     /// page cache is raised for the transaction so dirty pages are not
     /// spilled to the WAL before the commit writes them anyway. It takes no
-    /// turn: it may hold the lock for seconds, and writers queued for a
-    /// turn would wait that long whatever their timeouts; they wait for
-    /// SQLite's lock in the busy handler instead.
+    /// turn: turns pay off for short writes that change hands often, and a
+    /// rewrite that holds the lock for seconds gains nothing from a queue;
+    /// writers meeting it wait in the busy handler, as for any holder.
     pub fn bulk_write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.conn
             .pragma_update(None, "cache_size", BULK_CACHE_KIB)?;

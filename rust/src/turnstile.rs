@@ -35,7 +35,8 @@
 //!
 //! The turnstile is advisory and decides nothing: SQLite's lock still does.
 //! A writer that finds SQLite's lock taken anyway (by a bulk rewrite, which
-//! takes no turn because it may hold the lock for seconds, by another
+//! takes no turn: it holds the lock for seconds and gains nothing from a
+//! queue of short writes, by another
 //! program, or by a connection closing) gives its turn up at once and
 //! waits in SQLite's busy handler with its timeout, as every writer did
 //! before. A file system without `flock` leaves writers to that handler.

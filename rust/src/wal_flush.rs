@@ -72,15 +72,9 @@ impl Pacer {
         }
     }
 
-    /// The WAL handle itself.
+    /// The WAL handle itself (shared with `turnstile`'s waiting threads).
     #[must_use]
-    pub fn wal(&self) -> &File {
-        &self.wal
-    }
-
-    /// The WAL handle, to share (see `turnstile`).
-    #[must_use]
-    pub fn shared(&self) -> &Arc<File> {
+    pub fn wal(&self) -> &Arc<File> {
         &self.wal
     }
 
