@@ -25,12 +25,13 @@ from taskwarden.errors import LedgerBusy
 
 # Holds SQLite's write lock with plain sqlite3 for a moment, in its own
 # process: the ledger's next write meets a busy lock and starts taking turns.
+# The moment is well inside the shortest busy timeout used here (300 ms).
 BRIEF_LOCK = r"""
 import sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
 conn.execute("BEGIN IMMEDIATE")
 print("locked", flush=True)
-time.sleep(0.3)
+time.sleep(0.1)
 conn.execute("ROLLBACK")
 conn.close()
 """
@@ -55,14 +56,23 @@ except KeyboardInterrupt:
 
 
 def contend(ledger: Ledger, path: str) -> None:
-    """Makes ``ledger`` meet another writer: its next writes take turns."""
+    """Makes ``ledger`` meet another writer: its next writes take turns.
+    Leaves exactly one task behind."""
     with subprocess.Popen(
         [sys.executable, "-c", BRIEF_LOCK, path], stdout=subprocess.PIPE, text=True
     ) as holder:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "locked"
-        ledger.create_task()  # waits in the busy handler until the rollback
+        try:
+            ledger.create_task()  # waits in the busy handler until the rollback
+            created = True
+        except LedgerBusy:
+            # A loaded machine kept the holder past the busy timeout: the
+            # write met the lock all the same, which is all this is for.
+            created = False
         assert holder.wait(timeout=60) == 0
+    if not created:
+        ledger.create_task()
 
 
 @contextlib.contextmanager
