@@ -80,6 +80,11 @@ impl Interruption {
 
 /// Whether this connection has waited for another writer's lock since it
 /// was last asked: a writer that shares the file with busy others.
+///
+/// Not the turnstile's "met another writer in the last second": the WAL
+/// helper is skipped only after a real wait in this handler. Skipped for
+/// every writer taking turns instead, four processes claimed and closed
+/// 5-25% fewer tasks a second (seven interleaved pairs, twelfth session).
 #[derive(Clone, Default)]
 pub struct Waits(Arc<AtomicBool>);
 

@@ -131,8 +131,7 @@ impl Turnstile {
         interruption: &Interruption,
         timeout: Duration,
     ) -> Result<()> {
-        let recently = |at: Instant| at.elapsed() < CONTENDED_FOR;
-        if !self.turns().contended_at.is_some_and(recently) {
+        if !self.recently_contended() {
             return Ok(());
         }
         match wal.try_lock() {
@@ -241,6 +240,14 @@ impl Turnstile {
         self.turns().contended_at = Some(Instant::now());
     }
 
+    /// Whether this handle met another writer in the last
+    /// [`CONTENDED_FOR`]: it then takes turns.
+    fn recently_contended(&self) -> bool {
+        self.turns()
+            .contended_at
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
     fn hold(&self, wal: &Arc<File>) {
         self.turns().held = Some(Arc::clone(wal));
     }
@@ -278,11 +285,18 @@ mod tests {
         turnstile
     }
 
-    #[test]
-    fn a_second_handle_waits_for_the_first_to_leave() -> Result<()> {
-        let (dir, first_wal, second_wal) = two_wals("queue")?;
+    /// A first handle holding its turn, and a second handle's view of the
+    /// same WAL: the temporary directory, the first, its WAL, the second's.
+    fn turn_held(name: &str) -> Result<(std::path::PathBuf, Turnstile, Arc<File>, Arc<File>)> {
+        let (dir, first_wal, second_wal) = two_wals(name)?;
         let first = contended();
         first.enter(&first_wal, &Interruption::default(), LONG)?;
+        Ok((dir, first, first_wal, second_wal))
+    }
+
+    #[test]
+    fn a_second_handle_waits_for_the_first_to_leave() -> Result<()> {
+        let (dir, first, _, second_wal) = turn_held("queue")?;
         let (entered, heard) = mpsc::channel();
         let waiter = std::thread::spawn(move || {
             let second = contended();
@@ -307,9 +321,7 @@ mod tests {
 
     #[test]
     fn a_wait_ends_at_its_timeout_and_its_thread_serves_the_next() -> Result<()> {
-        let (dir, first_wal, second_wal) = two_wals("timeout")?;
-        let first = contended();
-        first.enter(&first_wal, &Interruption::default(), LONG)?;
+        let (dir, first, first_wal, second_wal) = turn_held("timeout")?;
         let second = contended();
         let started = Instant::now();
         let outcome = second.enter(
@@ -346,9 +358,7 @@ mod tests {
 
     #[test]
     fn a_writer_that_comes_back_waits_on_the_same_thread() -> Result<()> {
-        let (dir, first_wal, second_wal) = two_wals("reuse")?;
-        let first = contended();
-        first.enter(&first_wal, &Interruption::default(), LONG)?;
+        let (dir, first, _, second_wal) = turn_held("reuse")?;
         let second = contended();
         let quick = Duration::from_millis(20);
         assert!(second
