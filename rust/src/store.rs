@@ -110,8 +110,18 @@ enum Gate {
     Open(DamagedRows),
 }
 
+/// How much a transaction writes, which decides how it commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Size {
+    /// A few pages: it takes its turn, and its frames reach the disk by the
+    /// WAL helper or the next checkpoint.
+    Short,
+    /// A rewrite of many pages (reconcile, migration): no turn, and the WAL
+    /// is synced while the commit writes it (see `wal_flush`).
+    Large,
+}
+
 /// Where the connection's data lives.
-#[derive(Clone, Debug)]
 enum Backing {
     /// A file opened for writing; checked before every operation.
     File {
@@ -514,26 +524,26 @@ impl Store {
         // keeps it from thrashing, and is given back afterwards.
         self.conn
             .pragma_update(None, "cache_size", BULK_CACHE_KIB)?;
-        let outcome = self.transaction(TransactionBehavior::Immediate, |tx| match schema::inspect(
-            tx,
-        )? {
-            Found::Peer(_) => match gate {
-                Gate::Open(damaged) => schema::migrate_peer(tx, damaged),
-                Gate::DoctorClean => {
-                    schema::migrate_peer(tx, DamagedRows::Refuse)?;
-                    // Before commit, every check doctor makes: a peer file
-                    // with rows taskwarden would never write (free text, a
-                    // bad id, a broken invariant) stays the peer's.
-                    if doctor::check(tx).logically_sound() {
-                        Ok(())
-                    } else {
-                        Err(Error::Conflict("legacy database failed validation"))
+        let outcome = self.transaction(TransactionBehavior::Immediate, Size::Large, |tx| {
+            match schema::inspect(tx)? {
+                Found::Peer(_) => match gate {
+                    Gate::Open(damaged) => schema::migrate_peer(tx, damaged),
+                    Gate::DoctorClean => {
+                        schema::migrate_peer(tx, DamagedRows::Refuse)?;
+                        // Before commit, every check doctor makes: a peer file
+                        // with rows taskwarden would never write (free text, a
+                        // bad id, a broken invariant) stays the peer's.
+                        if doctor::check(tx).logically_sound() {
+                            Ok(())
+                        } else {
+                            Err(Error::Conflict("legacy database failed validation"))
+                        }
                     }
+                },
+                Found::Current => Ok(()),
+                Found::Empty | Found::FirstLayout => {
+                    Err(Error::Conflict("schema changed while opening"))
                 }
-            },
-            Found::Current => Ok(()),
-            Found::Empty | Found::FirstLayout => {
-                Err(Error::Conflict("schema changed while opening"))
             }
         });
         self.conn.pragma_update(None, "foreign_keys", true)?;
@@ -638,13 +648,17 @@ impl Store {
     fn transaction<T>(
         &mut self,
         behavior: TransactionBehavior,
+        size: Size,
         op: impl FnOnce(&Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
         self.interruption.forget();
         let outcome = (|| {
             let tx = self.conn.transaction_with_behavior(behavior)?;
             let out = op(&tx)?;
-            tx.commit()?;
+            match (size, &self.wal) {
+                (Size::Large, Some(wal)) => wal.syncing_while(|| tx.commit())?,
+                _ => tx.commit()?,
+            }
             Ok(out)
         })();
         outcome.map_err(|e| self.interruption.explain(e))
@@ -652,24 +666,24 @@ impl Store {
 
     /// Runs `op` in one write transaction (`BEGIN IMMEDIATE`): all or nothing.
     pub fn write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
-        self.write_taking_turn(true, op)
+        self.write_sized(Size::Short, op)
     }
 
-    /// A write transaction, after waiting for this handle's turn if
-    /// `in_turn` (see `turnstile`).
-    fn write_taking_turn<T>(
+    /// A write transaction; a short one first waits for this handle's turn
+    /// (see `turnstile`).
+    fn write_sized<T>(
         &mut self,
-        in_turn: bool,
+        size: Size,
         op: impl FnOnce(&Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
         if self.is_read_only() {
             return Err(Error::Conflict("ledger is read-only"));
         }
         self.verify()?;
-        if in_turn {
+        if size == Size::Short {
             self.take_turn()?;
         }
-        let out = self.transaction(TransactionBehavior::Immediate, op);
+        let out = self.transaction(TransactionBehavior::Immediate, size, op);
         // Given up only now, after the checkpoint a commit may run: while
         // writers go on beside it, readers keep pinning older frames and
         // the checkpoint rarely gets to the end of the WAL, which then
@@ -701,14 +715,15 @@ impl Store {
 
     /// Like [`Store::write`], for one large rewrite (reconcile, purge): the
     /// page cache is raised for the transaction so dirty pages are not
-    /// spilled to the WAL before the commit writes them anyway. It takes no
-    /// turn: turns pay off for short writes that change hands often, and a
-    /// rewrite that holds the lock for seconds gains nothing from a queue;
-    /// writers meeting it wait in the busy handler, as for any holder.
+    /// spilled to the WAL before the commit writes them anyway, and the
+    /// WAL is synced while the commit writes it. It takes no turn: turns
+    /// pay off for short writes that change hands often, and a rewrite that
+    /// holds the lock for seconds gains nothing from a queue; writers
+    /// meeting it wait in the busy handler, as for any holder.
     pub fn bulk_write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.conn
             .pragma_update(None, "cache_size", BULK_CACHE_KIB)?;
-        let out = self.write_taking_turn(false, op);
+        let out = self.write_sized(Size::Large, op);
         self.conn.pragma_update(None, "cache_size", CACHE_KIB)?;
         out
     }
@@ -723,7 +738,7 @@ impl Store {
         {
             return Err(Error::Conflict(why));
         }
-        self.transaction(TransactionBehavior::Deferred, op)
+        self.transaction(TransactionBehavior::Deferred, Size::Short, op)
     }
 
     /// Runs doctor: the logical checks in one read transaction on this
