@@ -6,7 +6,8 @@
 //! still gets its chained event: the hash is computed by a Rust SQL function
 //! inside the same statements.
 
-use rusqlite::{named_params, Transaction};
+use rusqlite::types::ValueRef;
+use rusqlite::{named_params, Connection, Transaction};
 
 use crate::errors::{Error, Result};
 use crate::tasks::Clock;
@@ -108,6 +109,8 @@ fn timed_out_count(
     )
 }
 
+const CLOCK_BEHIND: &str = "clock moved backwards relative to stored state";
+
 /// The peer fails the whole reconcile if a task it would time out carries a
 /// timestamp later than `now`: the clock is not trusted then.
 fn check_forward_time(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs) -> Result<()> {
@@ -120,10 +123,38 @@ fn check_forward_time(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs) -> Result<(
         named_params! {":tenant": p.tenant, ":now": c.now, ":stale": c.stale, ":worker": p.worker_lost},
     )?;
     if behind > 0 {
-        return Err(Error::Conflict(
-            "clock moved backwards relative to stored state",
-        ));
+        return Err(Error::Conflict(CLOCK_BEHIND));
     }
+    Ok(())
+}
+
+/// Registers `tw_not_before(now, t1, t2, t3)`: `now`, or an error if any
+/// of the times (NULLs aside) is later. The apply's timeout pass reads
+/// every row it times out anyway, so it checks the clock in the same read
+/// instead of in a scan of its own (20-30 ms of a 100,000-task apply).
+pub fn register_sql_function(conn: &Connection) -> Result<()> {
+    use rusqlite::functions::FunctionFlags;
+    conn.create_scalar_function(
+        "tw_not_before",
+        4,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let now: f64 = ctx.get(0)?;
+            for index in 1..4 {
+                // SQL's order: text and blobs sort after every number.
+                let later = match ctx.get_raw(index) {
+                    ValueRef::Null => false,
+                    ValueRef::Integer(t) => t as f64 > now,
+                    ValueRef::Real(t) => t > now,
+                    ValueRef::Text(_) | ValueRef::Blob(_) => true,
+                };
+                if later {
+                    return Err(rusqlite::Error::UserFunctionError(CLOCK_BEHIND.into()));
+                }
+            }
+            Ok(now)
+        },
+    )?;
     Ok(())
 }
 
@@ -200,7 +231,6 @@ fn report(
 pub fn apply(tx: &Transaction<'_>, p: &Policy, clock: Clock<'_>) -> Result<Report> {
     let c = cutoffs(clock()?, p);
     let active = active_count(tx, p.tenant.as_deref())?;
-    check_forward_time(tx, p, &c)?;
     let pending = pending_count(tx, p.tenant.as_deref())?;
     let timed_out = time_out(tx, p, &c)?;
     let failed = expire_deliveries(tx, p, &c, true)?;
@@ -221,14 +251,24 @@ fn time_out(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs) -> Result<i64> {
          {TIMEOUT_CODE}, NULL)"
     );
     let params = named_params! {":tenant": p.tenant, ":now": c.now, ":stale": c.stale, ":worker": p.worker_lost};
-    tx.prepare_cached(&format!(
-        // In id order: the events' task index then grows in key order,
-        // which is what keeps a 50,000-row reconcile cache-friendly.
-        "INSERT INTO task_events (task_id, event_kind, from_value, to_value, occurred_at, code, event_hash)
-         SELECT id, 'task_transition', 'running', 'timed_out', :now, {TIMEOUT_CODE}, {hash}
-         FROM tasks WHERE {TIMED_OUT} ORDER BY id"
-    ))?
-    .execute(params)?;
+    let inserted = tx
+        .prepare_cached(&format!(
+            // In id order: the events' task index then grows in key order,
+            // which is what keeps a 50,000-row reconcile cache-friendly. The
+            // sort computes every row's clock check before the first insert.
+            "INSERT INTO task_events (task_id, event_kind, from_value, to_value, occurred_at, code, event_hash)
+             SELECT id, 'task_transition', 'running', 'timed_out',
+                    tw_not_before(:now, created_at, started_at, updated_at), {TIMEOUT_CODE}, {hash}
+             FROM tasks WHERE {TIMED_OUT} ORDER BY id"
+        ))?
+        .execute(params);
+    if let Err(failed) = inserted {
+        // The statement is undone. A clock behind a row is the peer's
+        // conflict, found again by the plain scan; anything else is the
+        // statement's own error.
+        check_forward_time(tx, p, c)?;
+        return Err(failed.into());
+    }
     let changed = tx
         .prepare_cached(&format!(
             "UPDATE tasks SET status = 'timed_out', updated_at = :now, ended_at = :now,
@@ -269,8 +309,34 @@ fn expire_deliveries(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs, required: bo
 
 #[cfg(test)]
 mod tests {
-    use super::{EXPIRED, TIMED_OUT};
+    use super::{register_sql_function, EXPIRED, TIMED_OUT};
     use crate::schema::test_support::plan;
+    use rusqlite::Connection;
+
+    /// `now` when no time is later (the bound is inclusive, NULLs are
+    /// skipped); an error for a later time, or for text or a blob, which
+    /// SQL sorts after every number.
+    #[test]
+    fn tw_not_before_passes_now_through_or_refuses() -> crate::errors::Result<()> {
+        let conn = Connection::open_in_memory()?;
+        register_sql_function(&conn)?;
+        let call = |args: &str| {
+            conn.query_row(&format!("SELECT tw_not_before({args})"), [], |r| {
+                r.get::<_, f64>(0)
+            })
+        };
+        assert_eq!(call("10.0, 1, 2.5, NULL")?, 10.0);
+        assert_eq!(call("10.0, 10, 10.0, NULL")?, 10.0);
+        for later in [
+            "10.0, 11, NULL, NULL",
+            "10.0, NULL, 10.5, NULL",
+            "10.0, 1, 2, '3'",
+            "10.0, 1, x'00', 3",
+        ] {
+            assert!(call(later).is_err(), "{later}");
+        }
+        Ok(())
+    }
 
     /// Reconcile reads only the rows it may change, through the partial
     /// indexes, whatever values are bound (plans are pinned per connection).

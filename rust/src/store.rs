@@ -15,6 +15,7 @@ use crate::errors::{Error, Result};
 use crate::events;
 use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
+use crate::reconcile;
 use crate::schema::{self, DamagedRows, Found};
 use crate::snapshot;
 use crate::turnstile::Turnstile;
@@ -452,6 +453,7 @@ impl Store {
         self.conn
             .pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
         events::register_sql_functions(&self.conn)?;
+        reconcile::register_sql_function(&self.conn)?;
         Ok(())
     }
 
