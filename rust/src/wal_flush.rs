@@ -65,6 +65,9 @@ static HELPER: Mutex<Option<Helper>> = Mutex::new(None);
 /// WALs synced so far by this process's helper (tests watch it).
 static SYNCED: AtomicU64 = AtomicU64::new(0);
 
+/// Syncs made so far during large commits (tests watch it).
+static SYNCED_IN_LARGE_COMMITS: AtomicU64 = AtomicU64::new(0);
+
 /// One connection's hand-overs of its WAL.
 #[derive(Debug)]
 pub struct Pacer {
@@ -97,20 +100,20 @@ impl Pacer {
     pub fn syncing_while<T>(&self, commit: impl FnOnce() -> T) -> T {
         let done = Stop::default();
         std::thread::scope(|scope| {
-            let syncer = std::thread::Builder::new()
+            // Not started: the commit runs without it.
+            let _syncer = std::thread::Builder::new()
                 .name("taskwarden-wal-sync-large".into())
                 .spawn_scoped(scope, || {
                     while !done.wait(LARGE_COMMIT_STEP) {
                         // An error is the checkpoint's to find and report.
                         let _ = self.wal.sync_data();
+                        SYNCED_IN_LARGE_COMMITS.fetch_add(1, Ordering::Relaxed);
                     }
                 });
             // Raised on the way out even if `commit` panics, or the scope
             // would wait for the thread for ever.
             let _raise = done.on_drop();
-            let out = commit();
-            drop(syncer);
-            out
+            commit()
         })
     }
 
@@ -268,18 +271,49 @@ pub fn stop_for_fork() -> ForkLock {
 
 #[cfg(test)]
 mod tests {
-    use super::{Pacer, SYNCED};
+    use super::{Pacer, SYNCED, SYNCED_IN_LARGE_COMMITS};
     use std::fs::File;
     use std::io::Write;
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
-    #[test]
-    fn a_commit_hands_the_wal_over_at_most_once_per_interval() -> std::io::Result<()> {
-        let path = std::env::temp_dir().join(format!("tw-wal-sync-{}", std::process::id()));
+    fn scratch_wal(name: &str) -> std::io::Result<(std::path::PathBuf, Pacer)> {
+        let path = std::env::temp_dir().join(format!("tw-{name}-{}", std::process::id()));
         let mut file = File::create(&path)?;
         file.write_all(&[7; 4096])?;
-        let mut pacer = Pacer::new(File::open(&path)?);
+        Ok((path.clone(), Pacer::new(File::open(&path)?)))
+    }
+
+    #[test]
+    fn a_large_commit_runs_while_the_wal_is_synced_and_ends_the_syncing() -> std::io::Result<()> {
+        let (path, pacer) = scratch_wal("large-commit")?;
+        let before = SYNCED_IN_LARGE_COMMITS.load(Ordering::Relaxed);
+        let out = pacer.syncing_while(|| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while SYNCED_IN_LARGE_COMMITS.load(Ordering::Relaxed) < before + 2 {
+                assert!(Instant::now() < deadline, "the WAL was never synced");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            "committed"
+        });
+        assert_eq!(out, "committed");
+        let after = SYNCED_IN_LARGE_COMMITS.load(Ordering::Relaxed);
+        std::thread::sleep(super::LARGE_COMMIT_STEP * 5);
+        assert_eq!(
+            SYNCED_IN_LARGE_COMMITS.load(Ordering::Relaxed),
+            after,
+            "syncing went on after the commit"
+        );
+        // A commit that panics still ends the syncing thread (or the scope
+        // would wait for it for ever).
+        let panicked = std::panic::catch_unwind(|| pacer.syncing_while(|| panic!("commit")));
+        assert!(panicked.is_err());
+        std::fs::remove_file(&path)
+    }
+
+    #[test]
+    fn a_commit_hands_the_wal_over_at_most_once_per_interval() -> std::io::Result<()> {
+        let (path, mut pacer) = scratch_wal("wal-sync")?;
         let before = SYNCED.load(Ordering::Relaxed);
         pacer.after_commit(true);
         assert_eq!(pacer.last, None, "a contended commit is not handed over");
