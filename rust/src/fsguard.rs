@@ -6,6 +6,7 @@ use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::errors::{Error, Result};
 use crate::held_files::{self, Lease};
@@ -136,8 +137,16 @@ pub fn check_direct_parent(path: &DbPath, euid: u32) -> Result<Metadata> {
 
 /// How long a directory must have stood unchanged before its times can
 /// vouch for its names: any later change is then stamped with a different
-/// time, even on a file system that keeps whole seconds.
-const SETTLED_SECONDS: i64 = 2;
+/// time. A file system that keeps whole seconds needs two of them.
+const SETTLED_WHOLE_SECONDS: Duration = Duration::from_secs(2);
+
+/// The same for a file system whose times show fractions of a second:
+/// Linux stamps them from a clock that ticks at least every 10 ms. Two
+/// seconds here meant that for two seconds after any change to the
+/// directory (a WAL created at open, say) every call looked up every name
+/// again, two more system calls a call. Either way, names are looked up
+/// again at least every second (`NAMES_TRUSTED_FOR` in `store`).
+const SETTLED_FINE: Duration = Duration::from_millis(100);
 
 /// The parent directory as seen when the names in it (the database and its
 /// WAL) were last checked. Adding, removing or renaming a name changes the
@@ -166,13 +175,27 @@ impl DirStamp {
     /// could keep its times), which is then checked name by name.
     #[must_use]
     pub fn settled(meta: &Metadata) -> Option<DirStamp> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?;
-        let now = i64::try_from(now.as_secs()).ok()?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
         let stamp = DirStamp::of(meta);
-        let last_change = stamp.mtime.0.max(stamp.ctime.0);
-        (now.checked_sub(last_change)? >= SETTLED_SECONDS).then_some(stamp)
+        stamp.settled_by(now).then_some(stamp)
+    }
+
+    /// Whether the last change is old enough at `now` (since the epoch).
+    /// Times before the epoch or after `now` never are.
+    fn settled_by(&self, now: Duration) -> bool {
+        let (secs, nanos) = self.mtime.max(self.ctime);
+        let (Ok(secs), Ok(nanos)) = (u64::try_from(secs), u32::try_from(nanos)) else {
+            return false;
+        };
+        // A fine file system leaves both fractions zero only by chance, and
+        // is then merely checked for longer.
+        let wait = if self.mtime.1 != 0 || self.ctime.1 != 0 {
+            SETTLED_FINE
+        } else {
+            SETTLED_WHOLE_SECONDS
+        };
+        now.checked_sub(Duration::new(secs, nanos))
+            .is_some_and(|age| age >= wait)
     }
 
     /// Whether the directory `meta` describes is this one, unchanged.
@@ -361,6 +384,31 @@ pub fn sidecar_state(path: &DbPath) -> Sidecars {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stamp(mtime: (i64, i64), ctime: (i64, i64)) -> DirStamp {
+        DirStamp {
+            dev: 1,
+            ino: 2,
+            mtime,
+            ctime,
+        }
+    }
+
+    #[test]
+    fn a_directory_settles_after_its_file_systems_tick() {
+        let at = |secs: f64| Duration::from_secs_f64(secs);
+        // Whole seconds: two of them after the later of the two times.
+        let whole = stamp((100, 0), (101, 0));
+        assert!(!whole.settled_by(at(102.9)));
+        assert!(whole.settled_by(at(103.0)));
+        // Fractions: a tenth of a second.
+        let fine = stamp((100, 5_000_000), (100, 2_000_000));
+        assert!(!fine.settled_by(at(100.104)));
+        assert!(fine.settled_by(at(100.106)));
+        // A change stamped in the future, or before the epoch, never is.
+        assert!(!fine.settled_by(at(99.0)));
+        assert!(!stamp((-5, 0), (-5, 0)).settled_by(at(100.0)));
+    }
 
     #[test]
     fn memory_and_empty_paths_are_refused() {
