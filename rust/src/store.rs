@@ -30,6 +30,16 @@ const CACHE_KIB: i64 = -4_096;
 /// Page cache while a migration or other bulk rewrite runs.
 const BULK_CACHE_KIB: i64 = -262_144;
 
+/// Up to this file size, a bulk rewrite keeps its statement journals in
+/// memory. Each of its multi-row statements first copies every page it
+/// changes to one (SQLite must be able to undo a statement whose SQL
+/// function fails halfway). At 100,000 tasks (a 59 MB file) that was 54 MB
+/// in 27,492 writes to a temporary file; in memory the apply spent about
+/// 40 ms less in the kernel (5% of its time) for 15 MiB more at its peak.
+/// At a million tasks (740 MB) memory gained nothing and doubled the peak
+/// (311 to 645 MiB), so large files keep the temporary file.
+const MEMORY_JOURNAL_MAX_FILE_BYTES: u64 = 128 * 1024 * 1024;
+
 /// Page size of new files (no effect on existing ones). Every commit
 /// writes each page it touches to the WAL whole, so smaller pages make
 /// writes cheaper; 2048 still holds a full task row without overflow pages.
@@ -715,19 +725,35 @@ impl Store {
             .map_err(|e| self.interruption.explain(e))
     }
 
-    /// Like [`Store::write`], for one large rewrite (reconcile, purge): the
-    /// page cache is raised for the transaction so dirty pages are not
-    /// spilled to the WAL before the commit writes them anyway, and the
-    /// WAL is synced while the commit writes it. It takes no turn: turns
-    /// pay off for short writes that change hands often, and a rewrite that
-    /// holds the lock for seconds gains nothing from a queue; writers
-    /// meeting it wait in the busy handler, as for any holder.
+    /// Like [`Store::write`], for one large rewrite (reconcile): the page
+    /// cache is raised for the transaction so dirty pages are not spilled
+    /// to the WAL before the commit writes them anyway, statement journals
+    /// stay in memory for a file of up to [`MEMORY_JOURNAL_MAX_FILE_BYTES`],
+    /// and the WAL is synced while the commit writes it. It takes no turn:
+    /// turns pay off for short writes that change hands often, and a
+    /// rewrite that holds the lock for seconds gains nothing from a queue;
+    /// writers meeting it wait in the busy handler, as for any holder.
     pub fn bulk_write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.conn
             .pragma_update(None, "cache_size", BULK_CACHE_KIB)?;
+        // Read when the transaction begins, so set before it.
+        let journal_in_memory = self.file_lease.as_ref().is_some_and(|lease| {
+            lease
+                .file()
+                .metadata()
+                .is_ok_and(|m| m.len() <= MEMORY_JOURNAL_MAX_FILE_BYTES)
+        });
+        if journal_in_memory {
+            self.conn.pragma_update(None, "temp_store", "MEMORY")?;
+        }
         let out = self.write_sized(Size::Large, op);
-        self.conn.pragma_update(None, "cache_size", CACHE_KIB)?;
-        out
+        let restored = self
+            .conn
+            .pragma_update(None, "cache_size", CACHE_KIB)
+            .and_then(|()| self.conn.pragma_update(None, "temp_store", "DEFAULT"));
+        let out = out?;
+        restored?;
+        Ok(out)
     }
 
     /// Runs `op` in one read transaction: one consistent snapshot.
@@ -867,4 +893,47 @@ fn uri_escape(path: &str) -> String {
     path.replace('%', "%25")
         .replace('?', "%3f")
         .replace('#', "%23")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Durability, OpenOptions, Store};
+    use crate::errors::{Error, Result};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn temp_store(store: &Store) -> Result<i64> {
+        Ok(store
+            .conn
+            .query_row("PRAGMA temp_store", [], |r| r.get(0))?)
+    }
+
+    /// A small file's bulk write journals in memory (the setting is read
+    /// when its transaction begins), and the handle is back to the default
+    /// afterwards, whether the write succeeded or failed.
+    #[test]
+    fn a_small_files_bulk_write_journals_in_memory_then_restores() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("tw-bulk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        let opts = OpenOptions {
+            busy_timeout_ms: 1000,
+            durability: Durability::Normal,
+            read_only: false,
+            allow_external_acl: false,
+            snapshot_max_bytes: 1 << 20,
+            euid: std::fs::metadata(&dir)?.uid(),
+        };
+        let path = dir.join("bulk.db");
+        let mut store = Store::open(&path.to_string_lossy(), &opts)?;
+        let inside: i64 =
+            store.bulk_write(|tx| Ok(tx.query_row("PRAGMA temp_store", [], |r| r.get(0))?))?;
+        assert_eq!(inside, 2, "MEMORY inside the bulk write");
+        assert_eq!(temp_store(&store)?, 0, "DEFAULT after it");
+        let failed: Result<()> = store.bulk_write(|_| Err(Error::Conflict("refused")));
+        assert!(failed.is_err());
+        assert_eq!(temp_store(&store)?, 0, "DEFAULT after a failed one too");
+        drop(store);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
 }
