@@ -133,6 +133,7 @@ enum Size {
 }
 
 /// Where the connection's data lives.
+#[derive(Clone, Debug)]
 enum Backing {
     /// A file opened for writing; checked before every operation.
     File {
