@@ -23,6 +23,7 @@
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -98,22 +99,26 @@ impl Pacer {
     /// no fork ever copies the process while it runs; if it cannot be
     /// started, the commit simply runs without it.
     pub fn syncing_while<T>(&self, commit: impl FnOnce() -> T) -> T {
-        let done = Stop::default();
         std::thread::scope(|scope| {
-            // Not started: the commit runs without it.
+            // Dropped when the commit returns, or as it unwinds if it
+            // panics: either way the thread wakes and ends, and the scope
+            // never waits for it for ever.
+            let (done, stopped) = mpsc::channel::<()>();
+            // If it cannot be started, the commit runs without it.
             let _syncer = std::thread::Builder::new()
                 .name("taskwarden-wal-sync-large".into())
-                .spawn_scoped(scope, || {
-                    while !done.wait(LARGE_COMMIT_STEP) {
+                .spawn_scoped(scope, move || {
+                    while let Err(RecvTimeoutError::Timeout) =
+                        stopped.recv_timeout(LARGE_COMMIT_STEP)
+                    {
                         // An error is the checkpoint's to find and report.
                         let _ = self.wal.sync_data();
                         SYNCED_IN_LARGE_COMMITS.fetch_add(1, Ordering::Relaxed);
                     }
                 });
-            // Raised on the way out even if `commit` panics, or the scope
-            // would wait for the thread for ever.
-            let _raise = done.on_drop();
-            commit()
+            let out = commit();
+            drop(done);
+            out
         })
     }
 
@@ -149,41 +154,6 @@ impl Pacer {
         }
         drop(work);
         queue.wake.notify_one();
-    }
-}
-
-/// A flag a thread sleeps on: raised once, it wakes the thread at once.
-#[derive(Default)]
-struct Stop {
-    raised: Mutex<bool>,
-    wake: Condvar,
-}
-
-impl Stop {
-    /// Sleeps up to `step`; true once the flag is raised.
-    fn wait(&self, step: Duration) -> bool {
-        let raised = self.raised.lock().unwrap_or_else(PoisonError::into_inner);
-        let (raised, _) = self
-            .wake
-            .wait_timeout_while(raised, step, |raised| !*raised)
-            .unwrap_or_else(PoisonError::into_inner);
-        *raised
-    }
-
-    fn raise(&self) {
-        *self.raised.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.wake.notify_all();
-    }
-
-    /// A guard that raises the flag when dropped.
-    fn on_drop(&self) -> impl Drop + '_ {
-        struct Raise<'a>(&'a Stop);
-        impl Drop for Raise<'_> {
-            fn drop(&mut self) {
-                self.0.raise();
-            }
-        }
-        Raise(self)
     }
 }
 
