@@ -908,19 +908,21 @@ fn uri_escape(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Durability, OpenOptions, Store};
+    use super::{Durability, OpenOptions, Store, CACHE_KIB, REWRITE_CACHE_KIB};
     use crate::errors::{Error, Result};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-    fn temp_store(store: &Store) -> Result<i64> {
-        Ok(store
-            .conn
-            .query_row("PRAGMA temp_store", [], |r| r.get(0))?)
+    /// `temp_store` and `cache_size` as a connection sees them.
+    fn settings(conn: &rusqlite::Connection) -> Result<(i64, i64)> {
+        let temp_store = conn.query_row("PRAGMA temp_store", [], |r| r.get(0))?;
+        let cache_size = conn.query_row("PRAGMA cache_size", [], |r| r.get(0))?;
+        Ok((temp_store, cache_size))
     }
 
     /// A small file's bulk write journals in memory (the setting is read
-    /// when its transaction begins), and the handle is back to the default
-    /// afterwards, whether the write succeeded or failed.
+    /// when its transaction begins) with the rewrite's larger page cache,
+    /// and the handle is back to its everyday settings afterwards, whether
+    /// the write succeeded or failed.
     #[test]
     fn a_small_files_bulk_write_journals_in_memory_then_restores() -> Result<()> {
         let dir = std::env::temp_dir().join(format!("tw-bulk-{}", std::process::id()));
@@ -936,13 +938,22 @@ mod tests {
         };
         let path = dir.join("bulk.db");
         let mut store = Store::open(&path.to_string_lossy(), &opts)?;
-        let inside: i64 =
-            store.bulk_write(|tx| Ok(tx.query_row("PRAGMA temp_store", [], |r| r.get(0))?))?;
-        assert_eq!(inside, 2, "MEMORY inside the bulk write");
-        assert_eq!(temp_store(&store)?, 0, "DEFAULT after it");
+        let everyday = (0, CACHE_KIB); // temp_store DEFAULT
+        assert_eq!(settings(&store.conn)?, everyday);
+        let inside = store.bulk_write(|tx| settings(tx))?;
+        assert_eq!(
+            inside,
+            (2, REWRITE_CACHE_KIB),
+            "MEMORY inside the bulk write"
+        );
+        assert_eq!(settings(&store.conn)?, everyday, "restored after it");
         let failed: Result<()> = store.bulk_write(|_| Err(Error::Conflict("refused")));
         assert!(failed.is_err());
-        assert_eq!(temp_store(&store)?, 0, "DEFAULT after a failed one too");
+        assert_eq!(
+            settings(&store.conn)?,
+            everyday,
+            "restored after a failed one too"
+        );
         drop(store);
         std::fs::remove_dir_all(&dir)?;
         Ok(())
