@@ -35,9 +35,10 @@ const MIGRATION_CACHE_KIB: i64 = -262_144;
 /// Page cache while reconcile rewrites rows all over the file: large
 /// enough that no page it changes is spilled to the WAL before the commit
 /// and then read back from it. A million-task apply changes about 500 MiB
-/// of pages; with a 256 MiB cache it spilled and took 7.1 s, with this one
-/// 5.0 s (peak 311 to 540 MiB). A cache limit, not an allocation: a small
-/// file's apply takes only the pages it touches.
+/// of pages; with a 256 MiB cache it spilled and took 5.6-6.6 s, with this
+/// one 5.2-5.3 s (five interleaved pairs; peak 311 to 540 MiB). A cache
+/// limit, not an allocation: a small file's apply takes only the pages it
+/// touches.
 const REWRITE_CACHE_KIB: i64 = -1_048_576;
 
 /// Up to this file size, a bulk rewrite keeps its statement journals in
