@@ -253,9 +253,10 @@ fn time_out(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs) -> Result<i64> {
     let params = named_params! {":tenant": p.tenant, ":now": c.now, ":stale": c.stale, ":worker": p.worker_lost};
     let inserted = tx
         .prepare_cached(&format!(
-            // In id order: the events' task index then grows in key order,
-            // which is what keeps a 50,000-row reconcile cache-friendly. The
-            // sort computes every row's clock check before the first insert.
+            // In id order (SQLite reads the rows through the id index): the
+            // events' task index then grows in key order, which keeps a
+            // 50,000-row reconcile cache-friendly. A clock check that fails
+            // part-way undoes the whole statement.
             "INSERT INTO task_events (task_id, event_kind, from_value, to_value, occurred_at, code, event_hash)
              SELECT id, 'task_transition', 'running', 'timed_out',
                     tw_not_before(:now, created_at, started_at, updated_at), {TIMEOUT_CODE}, {hash}

@@ -251,7 +251,8 @@ mod tests {
         let path = std::env::temp_dir().join(format!("tw-{name}-{}", std::process::id()));
         let mut file = File::create(&path)?;
         file.write_all(&[7; 4096])?;
-        Ok((path.clone(), Pacer::new(File::open(&path)?)))
+        let pacer = Pacer::new(File::open(&path)?);
+        Ok((path, pacer))
     }
 
     #[test]
