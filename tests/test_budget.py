@@ -503,6 +503,36 @@ def test_charge_on_a_task_that_is_not_running_changes_nothing(
         assert ledger.charge(task.id, calls=100).allowed is False
 
 
+def test_a_charge_past_the_limit_with_a_lagging_clock_is_refused_not_raised(
+    db_path: Path, clock: FrozenClock
+) -> None:
+    """The escalation must not be dated before the task's last write, and a
+    charge never raises for state: refused, nothing written, and the first
+    charge past the limit once the clock has caught up escalates."""
+    with Ledger(db_path, clock=clock) as ledger:
+        task = ledger.create_task(llm_calls_budget=1)
+        ledger.claim(task.id, "w")
+        assert ledger.charge(task.id, worker="w").allowed
+    clock.advance(-0.001)
+    with unchanged_file(db_path, clock) as ledger:
+        refused = ledger.charge(task.id, worker="w")
+        assert (refused.allowed, refused.escalated, refused.exhausted) == (False, False, "calls")
+        assert refused.calls_used == 1
+        assert ledger.get_task(task.id).status == "running"
+        # A charge that fits reads no clock and is unaffected.
+        assert ledger.charge(task.id, calls=0).allowed
+    clock.advance(0.002)
+    with Ledger(db_path, clock=clock) as ledger:
+        escalated = ledger.charge(task.id, worker="w")
+        assert (escalated.allowed, escalated.escalated) == (False, True)
+        parked = ledger.get_task(task.id)
+        assert (parked.status, parked.park_code, parked.updated_at) == (
+            "escalated",
+            "budget_exhausted",
+            clock.now,
+        )
+
+
 # --------------------------------------------------------------------------
 # grant
 

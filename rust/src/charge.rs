@@ -57,13 +57,27 @@ pub fn charge(
         Ok(Err(dim)) => Some(*dim),
         _ => None,
     }) {
+        let now = clock()?;
+        if now < task.latest_timestamp() {
+            // Time only moves forward, so a clock behind the task's stored
+            // times (a step back, another host) may not date the escalation.
+            // A charge never raises for state: it is refused and nothing
+            // changes; the first charge past the limit once the clock has
+            // caught up escalates.
+            return Ok(Outcome {
+                allowed: false,
+                escalated: false,
+                exhausted: Some(dim),
+                task,
+            });
+        }
         let parked = tasks::transition(
             tx,
             &task,
             TaskStatus::Escalated,
             Some("budget_exhausted"),
             fence.worker.as_deref(),
-            clock()?,
+            now,
         )?;
         return Ok(Outcome {
             allowed: false,
