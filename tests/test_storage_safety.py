@@ -51,6 +51,26 @@ def test_symlink_at_the_database_name_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "nowhere.db").exists()
 
 
+def test_dot_dot_after_a_linked_directory_goes_back_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``link/../x.db`` is ``x.db`` beside the link (as ``os.path.abspath``
+    reads it, and task-state-guard 0.1.0 opens it), not a file in the parent
+    of the link's target; ``Ledger.path`` names the file really opened."""
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "link").symlink_to(tmp_path / "real" / "deep")
+    monkeypatch.chdir(tmp_path / "cwd")
+    with Ledger("link/../x.db") as ledger:
+        ledger.create_task()
+        assert ledger.path == tmp_path.resolve() / "cwd" / "x.db"
+    assert (tmp_path / "cwd" / "x.db").is_file()
+    assert not (tmp_path / "real" / "x.db").exists()
+    code, out, _ = run_cli("--db", str(tmp_path / "cwd" / "link" / ".." / "x.db"), "stats")
+    assert (code, out["stats"]["task_count"]) == (0, 1)
+    assert not (tmp_path / "real" / "x.db").exists()
+
+
 def test_hard_link_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     Ledger(db).close()

@@ -50,8 +50,7 @@ pub fn resolve(raw: &str) -> Result<DbPath> {
     if raw.is_empty() || raw.contains('\0') || raw == ":memory:" {
         return Err(Error::Invalid("database path is invalid"));
     }
-    let absolute =
-        std::path::absolute(raw).map_err(|_| Error::Invalid("database path is invalid"))?;
+    let absolute = lexical_absolute(raw)?;
     // The name as written must name a file: `dir/.` would otherwise become
     // a file called `dir`, as path normalisation drops the dot.
     let written = raw.rsplit('/').next().unwrap_or(raw);
@@ -74,20 +73,36 @@ pub fn resolve(raw: &str) -> Result<DbPath> {
     Ok(DbPath { file, parent })
 }
 
-/// `canonicalize` for the longest existing prefix, the rest appended.
+/// `raw` made absolute with `.` and `..` taken away by name, before any
+/// link is followed, as Python's `os.path.abspath` does (and so the peer
+/// and `Ledger.path`): `link/../x.db` is `x.db` beside the link, not in the
+/// parent of the link's target.
+fn lexical_absolute(raw: &str) -> Result<PathBuf> {
+    let absolute =
+        std::path::absolute(raw).map_err(|_| Error::Invalid("database path is invalid"))?;
+    let mut out = PathBuf::new();
+    for part in absolute.components() {
+        match part {
+            // At the root `pop` does nothing: `/..` is `/`, as for abspath.
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Ok(out)
+}
+
+/// `canonicalize` for the longest existing prefix, the rest appended
+/// (`path` holds no `.` or `..`).
 fn resolve_lenient(path: &Path) -> PathBuf {
     let mut existing = path.to_path_buf();
     let mut rest: Vec<std::ffi::OsString> = Vec::new();
     loop {
         if let Ok(real) = fs::canonicalize(&existing) {
             let mut out = real;
-            for part in rest.iter().rev() {
-                if part == ".." {
-                    out.pop();
-                } else if part != "." {
-                    out.push(part);
-                }
-            }
+            out.extend(rest.iter().rev());
             return out;
         }
         match (existing.components().next_back(), existing.parent()) {
@@ -415,6 +430,24 @@ mod tests {
         for raw in ["", ":memory:", "a\0b", "dir/"] {
             assert!(matches!(resolve(raw), Err(Error::Invalid(_))), "{raw:?}");
         }
+    }
+
+    #[test]
+    fn dot_dot_goes_back_by_name_before_a_link_is_followed() -> Result<()> {
+        let base = fs::canonicalize(std::env::temp_dir())?
+            .join(format!("tw-dotdot-{}", std::process::id()));
+        fs::create_dir_all(base.join("real/deep"))?;
+        fs::create_dir_all(base.join("cwd"))?;
+        let _ = fs::remove_file(base.join("cwd/link"));
+        std::os::unix::fs::symlink(base.join("real/deep"), base.join("cwd/link"))?;
+        let raw = base.join("cwd/link/../l.db");
+        let resolved = resolve(raw.to_str().ok_or(Error::Internal("path"))?);
+        fs::remove_dir_all(&base)?;
+        let resolved = resolved?;
+        assert_eq!(resolved.file, base.join("cwd/l.db"));
+        assert_eq!(resolved.parent, base.join("cwd"));
+        assert_eq!(resolve("/../..//x.db")?.file, Path::new("/x.db"));
+        Ok(())
     }
 
     #[test]
