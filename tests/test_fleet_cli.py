@@ -312,6 +312,35 @@ def test_block_and_escalate(
     fails(db_path, "StateConflict", command, tasks[0])  # already parked
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("block", MISSING, "--code", "bogus_code"),
+        ("escalate", MISSING, "--code", "needs_input"),
+        ("transition", MISSING, "--expected", "running", "--to", "blocked", "--code", "bogus"),
+        ("transition", MISSING, "--expected", "queued", "--to", "running", "--code", "claimed"),
+    ],
+)
+def test_a_bad_code_for_a_status_that_cannot_repeat_is_bad_input_first(
+    tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    """Only the same terminal status again ignores its code, so a code for any
+    other status is judged before the task is looked for: bad input, and not
+    even a new file."""
+    db = tmp_path / "new" / "ledger.db"
+    code, out, _ = cli(db, *argv)
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert not db.parent.exists()
+
+
+def test_a_code_for_a_terminal_status_is_judged_when_written(db_path: Path) -> None:
+    """The same terminal status again is a no-op that ignores its code, so such a
+    code is judged only once the task is found (as ``close`` does)."""
+    Ledger(db_path).close()
+    argv = ("--expected", "queued", "--to", "cancelled", "--code", "bogus")
+    fails(db_path, "TaskNotFound", "transition", MISSING, *argv)
+
+
 def test_requeue(db_path: Path, tasks: list[str]) -> None:
     fails(db_path, "StateConflict", "requeue", tasks[0])  # queued
     ok(db_path, "claim", tasks[0], "--worker", "w1")

@@ -458,9 +458,10 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let (expected, to) = (convert::task_status(expected)?, convert::task_status(to)?);
-        // As in close_task: judged only when written, so the same terminal
-        // status again ignores its code (SPEC 2.2.1).
+        // As in close_task, a code for a terminal status is judged only when
+        // written, so the same terminal status again ignores it (SPEC 2.2.1).
         let code = convert::opt_text(code, "reason code has an invalid format")?;
+        tasks::check_code_ahead(to, code.as_deref())?;
         let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {
             tasks::compare_and_set(tx, &id, expected, to, code.as_deref(), &fence, clock)
@@ -482,6 +483,7 @@ impl LedgerCore {
         let id = convert::task_id(task_id)?;
         let to = convert::task_status(to)?;
         let code = convert::opt_code(code)?;
+        tasks::check_code_ahead(to, code.as_deref())?;
         let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {
             tasks::move_to(tx, &id, to, code.as_deref(), &fence, clock)

@@ -583,6 +583,18 @@ fn caller_code(
     }
 }
 
+/// Judges a caller's code for a move into `to` before anything is read or
+/// written, where it can be: only the same terminal status again ignores
+/// its code (SPEC 2.2.1), so a code for any other status is checked up
+/// front, and bad input writes nothing (not even a new file), whatever the
+/// task. Codes for terminal statuses are judged when written.
+pub fn check_code_ahead(to: TaskStatus, code: Option<&str>) -> Result<()> {
+    match code {
+        Some(c) if !to.is_terminal() => fsm::check_code(c, fsm::caller_codes(to)),
+        _ => Ok(()),
+    }
+}
+
 /// Compare-and-set along the table: the stored status must be `expected`
 /// (checked first), the edge must exist, and a fenced writer must still
 /// hold the claim. The same terminal status again is a no-op.
