@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import pickle
 import threading
 import typing
@@ -78,6 +79,13 @@ def test_recreate_with_same_fields_is_idempotent(ledger: Ledger, clock: FrozenCl
     again = ledger.create_task(task_id=first.id, timeout_seconds=5.0)
     assert again == ledger.get_task(first.id)
     assert again.status is TaskStatus.RUNNING
+
+
+def test_create_answers_with_the_stored_row(ledger: Ledger) -> None:
+    """A timeout of ``-0.0`` is zero and stored as ``0.0``; the answer says so."""
+    task = ledger.create_task(timeout_seconds=-0.0)
+    assert repr(task) == repr(ledger.get_task(task.id))
+    assert math.copysign(1.0, task.timeout_seconds) == 1.0
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,8 @@ pub fn create(tx: &Transaction<'_>, new: &NewTask, clock: Clock<'_>) -> Result<T
         delivery_status: DeliveryStatus::Pending,
         delivery_required: new.delivery_required,
         payload_hash: new.payload_hash.clone(),
-        timeout_seconds: new.timeout_seconds,
+        // SQLite stores `-0.0` as `0.0`: the answer shows what is stored.
+        timeout_seconds: new.timeout_seconds.map(|t| t + 0.0),
         created_at: now,
         started_at: None,
         updated_at: now,
