@@ -1234,6 +1234,16 @@ PEER_DAMAGE = {
         "DELETE FROM tasks WHERE id IN (SELECT parent_id FROM tasks)",
         "orphan_count",
     ),
+    # Damage the peer's migration rules let through and only doctor's
+    # checks find: the read-only open gates its private copy on them too.
+    "terminal_row_updated_after_it_ended": (
+        "UPDATE tasks SET updated_at = updated_at + 1 WHERE status = 'succeeded'",
+        "timestamp_inconsistency_count",
+    ),
+    "version_below_its_floor": (
+        "UPDATE tasks SET version = 0 WHERE status = 'succeeded'",
+        "state_inconsistency_count",
+    ),
     # Damage the migration cannot even carry over: doctor reports the
     # copy it could not migrate.
     "event_time_as_text": (

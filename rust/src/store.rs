@@ -124,12 +124,12 @@ fn open_writable(path: &DbPath) -> Result<Connection> {
 /// Which peer files a migration takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Gate {
-    /// The file itself is rewritten: anything doctor would flag stays the
-    /// peer's, untouched.
+    /// Anything doctor would flag stays the peer's, untouched: the file
+    /// itself is rewritten, or a read-only handle's private copy of it.
     DoctorClean,
-    /// A private copy is migrated for reading, refusing or carrying the
-    /// rows the peer itself would not migrate.
-    Open(DamagedRows),
+    /// A refused file's private copy is migrated for doctor to read,
+    /// carrying the rows the peer itself would not migrate.
+    CarryDamaged,
 }
 
 /// How much a transaction writes, which decides how it commits.
@@ -424,15 +424,17 @@ impl Store {
         }
     }
 
-    /// Migrates the private copy of a peer file under the peer's own
-    /// migration rules (codes in its registry, whole parent links, its
-    /// CHECKs). If they refuse it, the copy carries the damaged rows over
-    /// for doctor to count (or, if even that fails, stays unmigrated, for
+    /// Migrates the private copy of a peer file under the rules of a
+    /// writable open: the peer's own migration rules (codes in its
+    /// registry, whole parent links, its CHECKs), then every check doctor
+    /// makes. If they refuse it, the copy carries the damaged rows over for
+    /// doctor to count (or, if even that fails, stays unmigrated, for
     /// doctor to report unreadable), and every other read is refused with
-    /// the same reason. The doctor gate of a writable open is not run
-    /// here: it would cost a whole doctor on every read-only open.
+    /// the same reason: a preview must not answer for a file that no
+    /// writable open would migrate. The gate costs a whole doctor on each
+    /// read-only open of a peer file (never of a v3 one).
     fn migrate_private_copy(&mut self) -> Result<()> {
-        let refusal = match self.migrate(Gate::Open(DamagedRows::Refuse)) {
+        let refusal = match self.migrate(Gate::DoctorClean) {
             Err(Error::Conflict(why) | Error::Storage(why)) => why,
             Err(Error::Corrupt) => "database file is corrupt or not a ledger",
             other => return other,
@@ -440,7 +442,7 @@ impl Store {
         if let Backing::ReadOnly { legacy_refusal, .. } = &mut self.backing {
             *legacy_refusal = Some(refusal);
         }
-        match self.migrate(Gate::Open(DamagedRows::Carry)) {
+        match self.migrate(Gate::CarryDamaged) {
             Err(interrupted @ Error::Interrupted(_)) => Err(interrupted),
             _ => Ok(()),
         }
@@ -551,7 +553,7 @@ impl Store {
         let outcome = self.transaction(TransactionBehavior::Immediate, Size::Large, |tx| {
             match schema::inspect(tx)? {
                 Found::Peer(_) => match gate {
-                    Gate::Open(damaged) => schema::migrate_peer(tx, damaged),
+                    Gate::CarryDamaged => schema::migrate_peer(tx, DamagedRows::Carry),
                     Gate::DoctorClean => {
                         schema::migrate_peer(tx, DamagedRows::Refuse)?;
                         // Before commit, every check doctor makes: a peer file
