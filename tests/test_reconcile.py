@@ -656,6 +656,35 @@ def test_backwards_clock_for_a_lost_workers_task(db_path: Path, clock: FrozenClo
     assert logical_dump(db_path) == dump
 
 
+def test_a_damaged_row_does_not_block_the_pass(db_path: Path, clock: FrozenClock) -> None:
+    """Unlike the peer, where one bad row aborts the whole reconcile, the pass
+    decides each row by its status, times and delivery: a running row that
+    fails validation elsewhere (its version edited below its floor) is timed
+    out with the others, dry run and apply alike, and doctor still counts the
+    damage."""
+    with Ledger(db_path, clock=clock) as ledger:
+        damaged, sound = (ledger.create_task(timeout_seconds=30.0) for _ in range(2))
+        for task in (damaged, sound):
+            ledger.claim(task.id, "w1")
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("UPDATE tasks SET version = 0 WHERE id = ?", (damaged.id,))
+    clock.advance(60.0)
+    grace = {"active_grace_seconds": 600.0, "delivery_grace_seconds": 600.0}
+    with Ledger(db_path, clock=clock) as ledger:
+        with pytest.raises(StateConflict):
+            ledger.get_task(damaged.id)
+        assert ledger.reconcile(dry_run=True, **grace) == ledger.reconcile(**grace) | {
+            "dry_run": True,
+            "applied": False,
+        }
+        assert ledger.get_task(sound.id).status == "timed_out"
+        report = ledger.doctor()
+        assert (report["healthy"], report["state_inconsistency_count"]) == (False, 1)
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        row = conn.execute("SELECT status FROM tasks WHERE id = ?", (damaged.id,)).fetchone()
+    assert row == ("timed_out",)
+
+
 # ---------------------------------------------------------------------------
 # Dry run equals apply on a random ledger, checked against a model of the rules.
 
