@@ -79,7 +79,7 @@ def add_fleet_commands(
     lst.add_argument("--owner", help="only tasks this worker owns")
     lst.add_argument("--parent-id", help="only this task's children")
     lst.add_argument("--limit", type=int, default=100, help="page size, 1-10000 (default 100)")
-    lst.add_argument("--after", help="the last id of the previous page")
+    lst.add_argument("--after", help="the last id of the previous page (a task that still exists)")
 
 
 def _task(task: Any) -> dict[str, Any]:

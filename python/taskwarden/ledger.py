@@ -313,7 +313,9 @@ class Ledger:
         after: str | None = None,
     ) -> list[Task]:
         """Tasks matching every filter, oldest first, at most ``limit``
-        (1 to 10,000); pass the last id as ``after`` for the next page."""
+        (1 to 10,000); pass the last id as ``after`` for the next page. That
+        task must still exist (``TaskNotFound`` otherwise): when deleting
+        what you list, fetch the next page before deleting the last task."""
         return self._core.list_tasks(
             status=status, tenant=tenant, owner=owner, parent_id=parent_id, limit=limit, after=after
         )
