@@ -248,6 +248,59 @@ def test_a_directory_that_stood_still_still_reveals_every_change_of_name(
     ledger.close()
 
 
+def test_sidecar_changes_made_while_open_are_refused_or_undone(tmp_path: Path) -> None:
+    """Sidecars are held to the rules of an open while the ledger lives: a
+    second name for the WAL is refused at the next call (its pages, ids
+    included, would outlive the ledger under that name), and a loosened mode
+    is tightened again within the second that names are trusted."""
+    import time
+
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as ledger:
+        ledger.create_task()
+        wal, shm = Path(f"{db}-wal"), Path(f"{db}-shm")
+        os.link(wal, tmp_path / "wal-copy")
+        with pytest.raises(StateConflict):
+            ledger.create_task()
+        (tmp_path / "wal-copy").unlink()
+        ledger.create_task()
+        wal.chmod(0o644)
+        shm.chmod(0o666)
+        time.sleep(1.1)  # longer than unchanged names are trusted
+        assert len(ledger.list_tasks()) == 2
+        assert (mode(wal), mode(shm)) == (0o600, 0o600)
+
+
+def test_a_database_moved_away_from_its_wal_is_refused_and_never_overwritten(
+    tmp_path: Path,
+) -> None:
+    """The directory is moved away and the file alone put back at its name:
+    the open ledger's WAL is no longer beside it, so its calls are refused,
+    and its close copies nothing into the file that others now write
+    without that WAL. What it committed before stays in the moved WAL."""
+    folder = tmp_path / "ledgers"
+    folder.mkdir(mode=0o700)
+    db = folder / "ledger.db"
+    ledger = Ledger(db)
+    ledger.create_task()
+    folder.rename(tmp_path / "moved")
+    folder.mkdir(mode=0o700)
+    (tmp_path / "moved" / "ledger.db").rename(db)
+    with pytest.raises(StateConflict):
+        ledger.create_task()
+    # Another process (in this one, SQLite would share the open file's
+    # state with the stale connection).
+    script = (
+        "import sys; from taskwarden import Ledger; print(Ledger(sys.argv[1]).create_task().id)"
+    )
+    written = run_python(script, str(db))[0]
+    ledger.close()
+    with Ledger(db) as check:
+        assert check.get_task(written).id == written
+        assert check.doctor()["healthy"] is True
+    assert Path(tmp_path / "moved" / "ledger.db-wal").stat().st_size > 0
+
+
 def test_durability_full_switches_synchronous(tmp_path: Path) -> None:
     with Ledger(tmp_path / "n.db") as normal:
         assert normal.storage_info()["synchronous"] == "normal"

@@ -333,6 +333,26 @@ pub fn open_wal(path: &DbPath) -> Option<File> {
     File::open(sidecar(path, "-wal")).ok()
 }
 
+/// Refuses to go on when the WAL held open (`wal`, from [`open_wal`]) still
+/// has a name, but not the one beside the database's: the directory was
+/// moved and the file put back without it, say. Commits would then go to a
+/// WAL no other connection reads, lost to them. (A WAL with no name left
+/// was unlinked by SQLite itself, which the store handles by reopening.)
+pub fn verify_wal_name(path: &DbPath, wal: &File) -> Result<()> {
+    let Ok(held) = wal.metadata() else {
+        return Err(Error::Conflict("database WAL cannot be inspected"));
+    };
+    if held.nlink() == 0 {
+        return Ok(());
+    }
+    match fs::symlink_metadata(sidecar(path, "-wal")) {
+        Ok(named) if (named.dev(), named.ino()) == (held.dev(), held.ino()) => Ok(()),
+        _ => Err(Error::Conflict(
+            "database WAL is no longer beside the database",
+        )),
+    }
+}
+
 fn sidecar(path: &DbPath, suffix: &str) -> PathBuf {
     let mut name = path.file.as_os_str().to_owned();
     name.push(suffix);

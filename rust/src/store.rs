@@ -578,8 +578,9 @@ impl Store {
     }
 
     /// Before every operation on a file: its directory is still private,
-    /// the file opened still has one name, that name still leads to it and
-    /// the WAL the connection writes still has its name. The ancestors
+    /// the file opened still has one name, that name still leads to it, the
+    /// WAL the connection writes is still the one beside it and the
+    /// sidecars are still single, private files. The ancestors
     /// above it were checked at open; walking them again on every call cost
     /// a stat per path component for each operation (the peer's weak spot
     /// #2).
@@ -608,6 +609,19 @@ impl Store {
             };
         }
         fsguard::verify_identity(path, identity)?;
+        if let Some(wal) = &self.wal {
+            if let Err(moved) = fsguard::verify_wal_name(path, wal.wal()) {
+                // The file beside the WAL is written by connections that
+                // never read it now: copying it back, on close, could
+                // overwrite their pages. It stays where it is.
+                self.conn
+                    .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+                return Err(moved);
+            }
+        }
+        // Sidecars as at open: a link made since is refused, a mode
+        // loosened since is tightened (a read-only handle touches nothing).
+        fsguard::secure_sidecars(path, matches!(self.backing, Backing::File { .. }))?;
         self.reopen_if_wal_unlinked()?;
         // Stamped as the directory was *before* the names were checked: a
         // change made meanwhile shows at the next call.
