@@ -362,6 +362,18 @@ def test_live_wal_peer_file_previews_without_migrating(tmp_path: Path, kind: str
     assert schema_version(path) == kind[-1]
 
 
+def test_a_live_peer_file_is_held_to_the_snapshot_cap(tmp_path: Path) -> None:
+    """A live peer file is previewed from a private migrated copy: the cap
+    that bounds the copy of a closed file bounds this one too."""
+    path, ids = build_file(private_dir(tmp_path, "subject"), "peer_v2")
+    with held_open(SQLITE_HOLDER, str(path)):
+        with pytest.raises(StateConflict):
+            Ledger(path, read_only=True, snapshot_max_bytes=4096)
+        with Ledger(path, read_only=True, snapshot_max_bytes=1 << 20) as reader:
+            assert reader.get_task(ids["q_old"]).status == "queued"
+    assert schema_version(path) == "2"
+
+
 def test_a_live_peer_preview_leaves_writers_of_the_process_free(tmp_path: Path) -> None:
     """A preview of a live peer file reads a private migrated copy, not the
     WAL's shared memory: a writable handle opened beside it in the same

@@ -255,8 +255,14 @@ pub fn load(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<Connect
 }
 
 /// A private in-memory copy of the database `conn` reads (a live WAL
-/// file, say), so that it can be changed without touching the file.
-pub fn copy_of(conn: &mut Connection) -> Result<Connection> {
+/// file, say), so that it can be changed without touching the file. Held
+/// to the snapshot's cap, as a copy of a closed file is.
+pub fn copy_of(conn: &mut Connection, max_bytes: u64) -> Result<Connection> {
+    let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+    let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    if u64::try_from(pages.saturating_mul(page_size)).map_or(true, |size| size > max_bytes) {
+        return Err(Error::Conflict("database exceeds snapshot limit"));
+    }
     let mut image = conn.serialize(MAIN_DB)?.to_vec();
     // As in `load`: SQLite cannot load a WAL-mode image into memory until
     // its header says rollback journal.

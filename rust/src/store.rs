@@ -385,16 +385,17 @@ impl Store {
         store
             .conn
             .pragma_update(None, "synchronous", opts.durability.pragma())?;
-        store.prepare_read_only_schema()?;
+        store.prepare_read_only_schema(opts.snapshot_max_bytes)?;
         store.conn.pragma_update(None, "query_only", true)?;
         pin_query_plans(&store.conn)?;
         Ok(store)
     }
 
     /// A read-only view of a peer v1/v2 file previews exactly what a
-    /// migrated file would show: its private copy is migrated in memory,
-    /// and the file itself is never touched.
-    fn prepare_read_only_schema(&mut self) -> Result<()> {
+    /// migrated file would show: its private copy (of a live file too, up
+    /// to `max_bytes`) is migrated in memory, and the file itself is never
+    /// touched.
+    fn prepare_read_only_schema(&mut self, max_bytes: u64) -> Result<()> {
         match self.read(|tx| schema::inspect(tx))? {
             // The first layout's CHECKs mean the same; reads need no upgrade.
             Found::Current | Found::FirstLayout => Ok(()),
@@ -409,7 +410,7 @@ impl Store {
                     *peer_version = Some(version);
                     if *journal_mode == "wal" {
                         *journal_mode = "memory";
-                        let copy = snapshot::copy_of(&mut self.conn)?;
+                        let copy = snapshot::copy_of(&mut self.conn, max_bytes)?;
                         events::register_sql_functions(&copy)?;
                         self.conn = copy;
                         // The live connection and its read-only mapping
