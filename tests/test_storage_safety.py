@@ -30,9 +30,12 @@ def test_new_file_and_parents_are_private(tmp_path: Path) -> None:
     assert sorted(p.name for p in db.parent.iterdir()) == ["ledger.db"]
 
 
-def test_loose_file_mode_is_tightened(db_path: Path) -> None:
+@pytest.mark.parametrize("loose", [0o644, 0o4600, 0o2600, 0o1600])
+def test_loose_file_mode_is_tightened(db_path: Path, loose: int) -> None:
     db_path.touch()
-    db_path.chmod(0o644)
+    db_path.chmod(loose)
+    with pytest.raises(InvalidInput):
+        Ledger(db_path, read_only=True)
     Ledger(db_path).close()
     assert mode(db_path) == 0o600
 

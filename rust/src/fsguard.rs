@@ -289,15 +289,17 @@ pub fn prepare_file(path: &DbPath, writable: bool) -> Result<(Identity, Lease)> 
     Ok((identity, lease))
 }
 
+/// Exactly 0600, the set-id and sticky bits included (as the peer reads a
+/// mode): a writable open sets it, a read-only one refuses anything else.
 fn secure_mode(file: &File, meta: &Metadata, writable: bool) -> Result<()> {
-    if meta.mode() & 0o777 == 0o600 {
+    if meta.mode() & 0o7777 == 0o600 {
         return Ok(());
     }
     if !writable {
         return Err(Error::Invalid("read-only database must have mode 0600"));
     }
     file.set_permissions(fs::Permissions::from_mode(0o600))?;
-    if file.metadata()?.mode() & 0o777 != 0o600 {
+    if file.metadata()?.mode() & 0o7777 != 0o600 {
         return Err(Error::Invalid("database permissions cannot be secured"));
     }
     Ok(())
@@ -385,7 +387,7 @@ pub fn secure_sidecars(path: &DbPath, tighten: bool) -> Result<()> {
                 "SQLite sidecar must not have multiple links",
             ));
         }
-        if meta.mode() & 0o777 != 0o600 {
+        if meta.mode() & 0o7777 != 0o600 {
             if !tighten {
                 return Err(Error::Conflict(
                     "SQLite sidecar permissions cannot be secured",
