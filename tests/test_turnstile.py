@@ -4,8 +4,10 @@ SQLite for it: a lone writer takes none, a bulk rewrite takes none, a wait
 for a turn ends at ``busy_timeout_ms`` with ``LedgerBusy``, and Ctrl-C
 ends it at once.
 
-Another writer's turn is played here by a second descriptor of the WAL
-holding the same ``flock``, as a writer's own descriptor does."""
+Another writer in the middle of its turn is played here by another process
+holding both the WAL's ``flock`` (on a descriptor of its own, as a writer's
+is) and SQLite's write lock. A turn held by no writer (the ``flock`` alone)
+holds writers up only briefly."""
 
 from __future__ import annotations
 
@@ -36,22 +38,36 @@ conn.execute("ROLLBACK")
 conn.close()
 """
 
-TURN_WAIT_INTERRUPTED = r"""
-import fcntl, os, signal, subprocess, sys, threading, time
-from taskwarden import Ledger
-sys.path.insert(0, sys.argv[2])
-from test_turnstile import contend
-ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
-contend(ledger, sys.argv[1])
+# Another writer in the middle of its turn, in its own process: the WAL's
+# flock on a descriptor of its own, then SQLite's write lock, until told.
+LIVE_TURN = r"""
+import fcntl, sqlite3, sys
 wal = open(sys.argv[1] + "-wal", "rb")
 fcntl.flock(wal, fcntl.LOCK_EX)
-threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-started = time.monotonic()
-try:
-    ledger.create_task()
-    print("created")
-except KeyboardInterrupt:
-    print("interrupted after", time.monotonic() - started)
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
+conn.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.readline()
+conn.execute("ROLLBACK")
+conn.close()
+fcntl.flock(wal, fcntl.LOCK_UN)
+"""
+
+TURN_WAIT_INTERRUPTED = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger
+sys.path.insert(0, sys.argv[2])
+from test_turnstile import contend, live_turn
+ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
+contend(ledger, sys.argv[1])
+with live_turn(sys.argv[1]):
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    try:
+        ledger.create_task()
+        print("created")
+    except KeyboardInterrupt:
+        print("interrupted after", time.monotonic() - started)
 """
 
 
@@ -76,8 +92,28 @@ def contend(ledger: Ledger, path: str) -> None:
 
 
 @contextlib.contextmanager
+def live_turn(path: Path | str) -> Iterator[None]:
+    """Another writer in the middle of its turn (see ``LIVE_TURN``)."""
+    with subprocess.Popen(
+        [sys.executable, "-c", LIVE_TURN, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        try:
+            yield
+        finally:
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            assert holder.wait(timeout=60) == 0
+
+
+@contextlib.contextmanager
 def turn_held(path: Path) -> Iterator[None]:
-    """Another writer's turn: the WAL's ``flock``, on a descriptor of its own."""
+    """A turn held by no writer: the WAL's ``flock`` alone, on a descriptor
+    of its own (a dead writer's, kept open by a forked child, say)."""
     with open(f"{path}-wal", "rb") as wal:
         fcntl.flock(wal, fcntl.LOCK_EX)
         try:
@@ -105,7 +141,7 @@ def timed_in_thread(call, seconds: float) -> tuple[bool, float]:
 def test_a_writer_that_met_others_waits_for_its_turn(db_path: Path) -> None:
     with Ledger(db_path, busy_timeout_ms=60_000) as ledger, Ledger(db_path) as reader:
         contend(ledger, str(db_path))
-        with turn_held(db_path):
+        with live_turn(db_path):
             finished, _ = timed_in_thread(ledger.create_task, 0.5)
             assert not finished, "wrote while another writer had its turn"
             assert reader.stats()["task_count"] == 1  # contend()'s task alone
@@ -123,7 +159,7 @@ def test_a_wait_for_a_turn_ends_at_the_busy_timeout(db_path: Path) -> None:
     nothing is written, and the handle works once the turn is free."""
     with Ledger(db_path, busy_timeout_ms=300) as ledger:
         contend(ledger, str(db_path))
-        with turn_held(db_path):
+        with live_turn(db_path):
             for _ in range(2):  # the second wait reuses the first's thread
                 started = time.monotonic()
                 with pytest.raises(LedgerBusy):
@@ -133,6 +169,19 @@ def test_a_wait_for_a_turn_ends_at_the_busy_timeout(db_path: Path) -> None:
             assert ledger.stats()["task_count"] == 1  # contend()'s task alone
         assert ledger.create_task().status == "queued"
         assert ledger.stats()["task_count"] == 2
+
+
+def test_a_turn_held_by_no_writer_holds_writers_up_only_briefly(db_path: Path) -> None:
+    """A turn whose holder does not write (SQLite's lock stays free) would
+    cost every writer its busy timeout: a writer that waited a moment and
+    found SQLite's lock free goes on without it, and later writes of the
+    handle take no turn while it lasts."""
+    with Ledger(db_path, busy_timeout_ms=1000) as ledger:
+        contend(ledger, str(db_path))
+        with turn_held(db_path):
+            for _ in range(20):
+                ledger.create_task()
+        assert ledger.stats()["task_count"] == 21
 
 
 def test_a_lone_writer_takes_no_turn(db_path: Path) -> None:

@@ -100,6 +100,26 @@ impl Waits {
     }
 }
 
+/// While it probes, the busy handler answers "busy" at once: a look at
+/// whether SQLite's write lock is free right now, without waiting for it
+/// (see `turnstile`).
+#[derive(Clone, Default)]
+pub struct Probing(Arc<AtomicBool>);
+
+impl Probing {
+    /// Runs `probe` with waits for the lock turned off.
+    pub fn during<T>(&self, probe: impl FnOnce() -> T) -> T {
+        self.0.store(true, Ordering::Relaxed);
+        let out = probe();
+        self.0.store(false, Ordering::Relaxed);
+        out
+    }
+
+    fn active(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// When a wait that began at `started` should next look for signals.
 #[derive(Clone, Copy)]
 pub struct SignalWatch {
@@ -142,24 +162,30 @@ fn pause(count: i32) -> Pause {
 }
 
 /// Installs the handler on `conn`: retry until `timeout_ms` has passed, or
-/// a signal handler raises (kept in `interruption`). Every wait is noted in
-/// `waits`, and gives up the connection's turn (see `turnstile`): whoever
-/// holds SQLite's lock took no turn, and the writers queued behind this one
-/// should not wait for it without their own timeouts.
+/// a signal handler raises (kept in `interruption`), or at once while
+/// `probing`. Every wait is noted in `waits`, and gives up the connection's
+/// turn (see `turnstile`): whoever holds SQLite's lock took no turn, and
+/// the writers queued behind this one should not wait for it without their
+/// own timeouts.
 pub fn install(
     conn: &mut Connection,
     timeout_ms: u32,
     interruption: &Interruption,
     waits: &Waits,
+    probing: &Probing,
     turnstile: &Turnstile,
 ) -> Result<()> {
     let timeout = Duration::from_millis(u64::from(timeout_ms));
     let interruption = interruption.clone();
     let waits = waits.clone();
+    let probing = probing.clone();
     let turnstile = turnstile.clone();
     let mut started = Instant::now();
     let mut watch = SignalWatch::from(started);
     conn.busy_handler(Some(move |count: i32| {
+        if probing.active() {
+            return false;
+        }
         if count == 0 {
             started = Instant::now();
             watch = SignalWatch::from(started);
@@ -213,6 +239,7 @@ mod tests {
             30,
             &Interruption::default(),
             &waits,
+            &Probing::default(),
             &Turnstile::default(),
         )?;
         let start = Instant::now();

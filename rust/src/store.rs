@@ -121,6 +121,17 @@ fn open_writable(path: &DbPath) -> Result<Connection> {
         .map_err(|_| Error::Conflict("database connection failed"))
 }
 
+/// Whether SQLite's write lock can be had at once: taken (`BEGIN
+/// IMMEDIATE`, with the busy handler probing) and given straight back.
+fn write_lock_free(conn: &Connection) -> bool {
+    let free = conn.execute_batch("BEGIN IMMEDIATE; ROLLBACK;").is_ok();
+    if !conn.is_autocommit() {
+        // Taken but not given back: never leave a transaction open.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    free
+}
+
 /// Which peer files a migration takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Gate {
@@ -191,6 +202,8 @@ pub struct Store {
     /// Whether this connection waited for another writer since its last
     /// commit's WAL hand-over (see `wal_flush`).
     waits: busy::Waits,
+    /// Set while this connection looks whether the write lock is free.
+    probing: busy::Probing,
     /// This handle's turn for the write lock, while it holds one.
     turnstile: Turnstile,
     durability: Durability,
@@ -253,6 +266,7 @@ impl Store {
             busy_timeout_ms: opts.busy_timeout_ms,
             interruption: interruption.clone(),
             waits: busy::Waits::default(),
+            probing: busy::Probing::default(),
             turnstile: Turnstile::default(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
@@ -304,6 +318,7 @@ impl Store {
             busy_timeout_ms,
             interruption: busy::Interruption::default(),
             waits: busy::Waits::default(),
+            probing: busy::Probing::default(),
             turnstile: Turnstile::default(),
             durability: Durability::Normal,
             external_acl: false,
@@ -368,6 +383,7 @@ impl Store {
             busy_timeout_ms: opts.busy_timeout_ms,
             interruption: interruption.clone(),
             waits: busy::Waits::default(),
+            probing: busy::Probing::default(),
             turnstile: Turnstile::default(),
             durability: opts.durability,
             external_acl: opts.allow_external_acl,
@@ -377,6 +393,7 @@ impl Store {
             opts.busy_timeout_ms,
             &store.interruption,
             &store.waits,
+            &store.probing,
             &store.turnstile,
         )?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
@@ -455,6 +472,7 @@ impl Store {
             self.busy_timeout_ms,
             &self.interruption,
             &self.waits,
+            &self.probing,
             &self.turnstile,
         )?;
         pin_query_plans(&self.conn)?;
@@ -745,11 +763,13 @@ impl Store {
             return Ok(());
         };
         self.interruption.forget();
+        let (conn, probing) = (&self.conn, &self.probing);
         self.turnstile
             .enter(
                 wal.wal(),
                 &self.interruption,
                 Duration::from_millis(u64::from(self.busy_timeout_ms)),
+                &mut || probing.during(|| write_lock_free(conn)),
             )
             .map_err(|e| self.interruption.explain(e))
     }

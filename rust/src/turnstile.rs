@@ -40,6 +40,17 @@
 //! program, or by a connection closing) gives its turn up at once and
 //! waits in SQLite's busy handler with its timeout, as every writer did
 //! before. A file system without `flock` leaves writers to that handler.
+//!
+//! A turn can also be held by no writer at all: a `flock` belongs to the
+//! open file description, which a forked child shares, so a writer killed
+//! during its turn leaves the turn held for as long as a child of it keeps
+//! the descriptor open (or another program may hold it). Waiting for it
+//! would cost every writer its timeout. So a writer that has waited
+//! [`STALE_AFTER`] looks, every [`SIGNAL_CHECK_EVERY`], whether SQLite's
+//! write lock can be had at once (a live holder holds it through nearly
+//! all of its turn); found free [`STALE_LOOKS`] times in a row, the writer
+//! goes on without its turn, and the handle takes none for the next
+//! [`CONTENDED_FOR`].
 
 use std::fs::{File, TryLockError};
 use std::io::ErrorKind;
@@ -51,7 +62,18 @@ use crate::errors::{Error, Result};
 
 /// How long a handle goes on taking turns after it last met another
 /// writer: longer than any pause of a busy fleet's workers between writes.
+/// Also how long it takes none after it found a turn held by no writer.
 const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// How long a writer waits for its turn before it looks whether the turn
+/// protects anything: longer than a busy fleet's usual waits (about a
+/// millisecond) and than most checkpoints a turn covers.
+const STALE_AFTER: Duration = Duration::from_millis(100);
+
+/// How many looks in a row, [`SIGNAL_CHECK_EVERY`] apart, must find
+/// SQLite's write lock free before a turn counts as held by no writer:
+/// one could fall between two transactions of a live holder.
+const STALE_LOOKS: u32 = 2;
 
 /// One handle's turns: shared with its busy handler, which gives a turn up.
 #[derive(Clone, Default)]
@@ -63,6 +85,8 @@ struct Turns {
     held: Option<Arc<File>>,
     /// When this handle last found the lock or the turn taken.
     contended_at: Option<Instant>,
+    /// When this handle last found a turn held by no writer.
+    stale_at: Option<Instant>,
     /// The thread still waiting in `flock` for a writer that gave up.
     abandoned: Option<Arc<Wait>>,
 }
@@ -124,14 +148,17 @@ impl Wait {
 impl Turnstile {
     /// Waits, up to `timeout`, for this handle's turn on `wal` (its own
     /// descriptor of the WAL). `Err(Busy)` when the timeout passed, or a
-    /// signal handler raised (its exception kept in `interruption`).
+    /// signal handler raised (its exception kept in `interruption`). Goes
+    /// on without the turn when `lock_free` (SQLite's write lock can be had
+    /// at once) shows that whoever holds it is not writing.
     pub fn enter(
         &self,
         wal: &Arc<File>,
         interruption: &Interruption,
         timeout: Duration,
+        lock_free: &mut dyn FnMut() -> bool,
     ) -> Result<()> {
-        if !self.recently_contended() {
+        if !self.takes_turns() {
             return Ok(());
         }
         match wal.try_lock() {
@@ -146,7 +173,7 @@ impl Turnstile {
         let Some(wait) = self.waiting_thread(wal) else {
             return Ok(()); // no thread to be had: SQLite's busy handler waits
         };
-        if self.await_turn(&wait, interruption, timeout)? {
+        if self.await_turn(&wait, interruption, timeout, lock_free)? {
             self.hold(wal);
         }
         Ok(())
@@ -178,17 +205,21 @@ impl Turnstile {
     }
 
     /// Waits for `wait`'s thread to get the turn: true when it did, false
-    /// when it could not (no `flock`). `Err(Busy)` once `timeout` passed or
-    /// a signal handler raised: the thread is then left to give the turn
-    /// back when it comes, or to a later writer of this handle.
+    /// when it could not (no `flock`) or the turn is held by no writer.
+    /// `Err(Busy)` once `timeout` passed or a signal handler raised. When
+    /// it does not take the turn, the thread is left to give the turn back
+    /// when it comes, or to a later writer of this handle.
     fn await_turn(
         &self,
         wait: &Arc<Wait>,
         interruption: &Interruption,
         timeout: Duration,
+        lock_free: &mut dyn FnMut() -> bool,
     ) -> Result<bool> {
         let started = Instant::now();
         let mut watch = SignalWatch::from(started);
+        let mut next_look = started + STALE_AFTER;
+        let mut free_looks = 0;
         let mut stage = wait.stage();
         loop {
             match *stage {
@@ -197,15 +228,23 @@ impl Turnstile {
                 Stage::Waiting | Stage::Abandoned => {}
             }
             let left = timeout.saturating_sub(started.elapsed());
-            // Python's handlers run without the thread's lock: the thread
-            // may hand over the turn meanwhile, and the others wait for it.
-            let give_up = left.is_zero() || {
+            // Python's handlers and the look at SQLite's lock run without
+            // the thread's lock: the thread may hand over the turn
+            // meanwhile, and the others wait for it.
+            let (give_up, held_by_nobody) = if left.is_zero() {
+                (true, false)
+            } else {
                 drop(stage);
                 let raised = watch.signalled(interruption);
+                let now = Instant::now();
+                if !raised && now >= next_look {
+                    next_look = now + SIGNAL_CHECK_EVERY;
+                    free_looks = if lock_free() { free_looks + 1 } else { 0 };
+                }
                 stage = wait.stage();
-                raised
+                (raised, free_looks >= STALE_LOOKS)
             };
-            if give_up {
+            if give_up || (held_by_nobody && *stage != Stage::Granted) {
                 if *stage == Stage::Granted {
                     let _ = wait.wal.unlock();
                 } else if *stage == Stage::Waiting {
@@ -213,7 +252,15 @@ impl Turnstile {
                     drop(stage);
                     self.turns().abandoned = Some(Arc::clone(wait));
                 }
-                return Err(Error::Busy);
+                if give_up {
+                    return Err(Error::Busy);
+                }
+                // Held for a writer that is gone (a forked child keeps a
+                // dead parent's descriptor, and its lock, open) or by
+                // another program: it protects nothing, and would cost
+                // every writer its timeout. Without turns for a while.
+                self.turns().stale_at = Some(Instant::now());
+                return Ok(false);
             }
             stage = wait
                 .changed
@@ -241,11 +288,12 @@ impl Turnstile {
     }
 
     /// Whether this handle met another writer in the last
-    /// [`CONTENDED_FOR`]: it then takes turns.
-    fn recently_contended(&self) -> bool {
-        self.turns()
-            .contended_at
-            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    /// [`CONTENDED_FOR`], and found no turn held by no writer: it then
+    /// takes turns.
+    fn takes_turns(&self) -> bool {
+        let turns = self.turns();
+        let recent = |at: Option<Instant>| at.is_some_and(|at| at.elapsed() < CONTENDED_FOR);
+        recent(turns.contended_at) && !recent(turns.stale_at)
     }
 
     fn hold(&self, wal: &Arc<File>) {
@@ -290,7 +338,7 @@ mod tests {
     fn turn_held(name: &str) -> Result<(std::path::PathBuf, Turnstile, Arc<File>, Arc<File>)> {
         let (dir, first_wal, second_wal) = two_wals(name)?;
         let first = contended();
-        first.enter(&first_wal, &Interruption::default(), LONG)?;
+        first.enter(&first_wal, &Interruption::default(), LONG, &mut || false)?;
         Ok((dir, first, first_wal, second_wal))
     }
 
@@ -300,7 +348,7 @@ mod tests {
         let (entered, heard) = mpsc::channel();
         let waiter = std::thread::spawn(move || {
             let second = contended();
-            let outcome = second.enter(&second_wal, &Interruption::default(), LONG);
+            let outcome = second.enter(&second_wal, &Interruption::default(), LONG, &mut || false);
             entered.send(Instant::now()).ok();
             second.leave();
             outcome.is_ok()
@@ -328,6 +376,7 @@ mod tests {
             &second_wal,
             &Interruption::default(),
             Duration::from_millis(100),
+            &mut || false,
         );
         assert!(matches!(outcome, Err(Error::Busy)));
         assert!(started.elapsed() >= Duration::from_millis(100));
@@ -349,9 +398,53 @@ mod tests {
             .map_err(|_| Error::Internal("the turn was kept"))?;
         first_wal.unlock()?;
         // A later wait of the same handle starts afresh and gets its turn.
-        second.enter(&second_wal, &Interruption::default(), LONG)?;
+        second.enter(&second_wal, &Interruption::default(), LONG, &mut || false)?;
         assert!(second.turns().held.is_some());
         second.leave();
+        std::fs::remove_dir_all(&dir).ok();
+        Ok(())
+    }
+
+    #[test]
+    fn a_turn_held_by_no_writer_is_passed_over_for_a_while() -> Result<()> {
+        // The first never leaves, and SQLite's lock is free all along.
+        let (dir, _first, _, second_wal) = turn_held("stale")?;
+        let second = contended();
+        let mut looks = 0;
+        let started = Instant::now();
+        second.enter(&second_wal, &Interruption::default(), LONG, &mut || {
+            looks += 1;
+            true
+        })?;
+        assert!(started.elapsed() >= STALE_AFTER);
+        assert_eq!(looks, STALE_LOOKS);
+        assert!(second.turns().held.is_none(), "went on without the turn");
+        // The next writes of the handle take no turn, and do not look.
+        second.enter(&second_wal, &Interruption::default(), LONG, &mut || {
+            unreachable!("looked again")
+        })?;
+        assert!(second.turns().held.is_none());
+        std::fs::remove_dir_all(&dir).ok();
+        Ok(())
+    }
+
+    #[test]
+    fn a_turn_whose_holder_writes_is_waited_for() -> Result<()> {
+        let (dir, _first, _, second_wal) = turn_held("live")?;
+        let second = contended();
+        let mut looks = 0;
+        let outcome = second.enter(
+            &second_wal,
+            &Interruption::default(),
+            Duration::from_millis(300),
+            &mut || {
+                looks += 1;
+                looks % 2 == 0 // free between two of the holder's writes
+            },
+        );
+        assert!(matches!(outcome, Err(Error::Busy)));
+        assert!(looks >= 2);
+        assert!(second.takes_turns(), "a live turn is not passed over");
         std::fs::remove_dir_all(&dir).ok();
         Ok(())
     }
@@ -362,11 +455,11 @@ mod tests {
         let second = contended();
         let quick = Duration::from_millis(20);
         assert!(second
-            .enter(&second_wal, &Interruption::default(), quick)
+            .enter(&second_wal, &Interruption::default(), quick, &mut || false)
             .is_err());
         let thread = second.turns().abandoned.clone();
         assert!(second
-            .enter(&second_wal, &Interruption::default(), quick)
+            .enter(&second_wal, &Interruption::default(), quick, &mut || false)
             .is_err());
         let again = second.turns().abandoned.clone();
         assert!(
@@ -374,7 +467,7 @@ mod tests {
             "a second thread was started"
         );
         first.leave();
-        second.enter(&second_wal, &Interruption::default(), LONG)?;
+        second.enter(&second_wal, &Interruption::default(), LONG, &mut || false)?;
         assert!(second.turns().held.is_some());
         second.leave();
         std::fs::remove_dir_all(&dir).ok();
