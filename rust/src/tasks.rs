@@ -456,8 +456,9 @@ pub fn close(
     }
     let task = get(tx, id)?;
     if task.status == to {
-        // Closing again is a no-op for the claim that closed it (the owner
-        // stays for audit), never a success for a zombie's.
+        // Closing again is a no-op for the claim that held the task last
+        // (the owner stays for audit), whoever ended it; never a success
+        // for an older claim's zombie.
         fence.check(&task)?;
         return Ok(task);
     }
