@@ -81,6 +81,16 @@ def test_recreate_with_same_fields_is_idempotent(ledger: Ledger, clock: FrozenCl
     assert again.status is TaskStatus.RUNNING
 
 
+def test_a_clock_at_signed_zero_keeps_the_event_chain_whole(db_path: Path) -> None:
+    """``-0.0`` is the instant ``0.0``: SQLite stores it unsigned, and the
+    events are hashed over what is stored."""
+    with Ledger(db_path, clock=lambda: -0.0) as ledger:
+        task = ledger.create_task()
+        ledger.start_task(task.id)
+        assert math.copysign(1.0, ledger.get_task(task.id).created_at) == 1.0
+        assert ledger.doctor()["healthy"] is True
+
+
 def test_create_answers_with_the_stored_row(ledger: Ledger) -> None:
     """A timeout of ``-0.0`` is zero and stored as ``0.0``; the answer says so."""
     task = ledger.create_task(timeout_seconds=-0.0)

@@ -127,7 +127,9 @@ pub fn non_negative_int(value: i64) -> Result<i64> {
 /// A clock reading: any finite number of Unix seconds.
 pub fn timestamp(value: f64) -> Result<f64> {
     if value.is_finite() {
-        Ok(value)
+        // `-0.0` is the instant `0.0`; SQLite stores it unsigned, so an
+        // event hashed over the signed zero would not match its own row.
+        Ok(value + 0.0)
     } else {
         Err(Error::Invalid("clock returned a non-finite timestamp"))
     }
