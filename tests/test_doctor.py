@@ -1234,6 +1234,12 @@ PEER_DAMAGE = {
         "DELETE FROM tasks WHERE id IN (SELECT parent_id FROM tasks)",
         "orphan_count",
     ),
+    # A code taskwarden writes and the peer's registry refuses: v3's rules
+    # alone would find the migrated copy sound.
+    "event_code_only_taskwarden_writes": (
+        "UPDATE task_events SET code = 'claimed' WHERE code = 'started'",
+        "event_inconsistency_count",
+    ),
     # Damage the peer's migration rules let through and only doctor's
     # checks find: the read-only open gates its private copy on them too.
     "terminal_row_updated_after_it_ended": (

@@ -450,6 +450,15 @@ ROW_DAMAGE = {
         "UPDATE tasks SET updated_at = created_at - 1 WHERE id = '{queued}'"
     ),
     "task_without_events": "DELETE FROM task_events WHERE task_id = '{queued}'",
+    # Codes taskwarden knows and the peer's registry does not: the peer
+    # refuses such a file, so its migration must too.
+    "a_code_taskwarden_alone_knows": (
+        "UPDATE tasks SET terminal_code = 'worker_lost' WHERE id = '{deadline}'"
+    ),
+    "an_event_taskwarden_alone_writes": (
+        "UPDATE task_events SET code = 'claimed' "
+        "WHERE task_id = '{running}' AND to_value = 'running'"
+    ),
 }
 
 

@@ -75,6 +75,18 @@ impl Report {
         self
     }
 
+    /// Folds in the task and event rows of a peer file that the peer's
+    /// own registry refuses (codes taskwarden alone knows, say), which the
+    /// scan of its migrated copy cannot see: counted at least once, not
+    /// twice where the scan flagged the same rows.
+    #[must_use]
+    pub fn with_peer_code_problems(mut self, (tasks, events): (i64, i64)) -> Report {
+        self.state_inconsistency_count = self.state_inconsistency_count.max(tasks);
+        self.event_inconsistency_count = self.event_inconsistency_count.max(events);
+        self.settle();
+        self
+    }
+
     /// The report of a migrated private copy, naming the version the file
     /// itself still has.
     #[must_use]

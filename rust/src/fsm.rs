@@ -190,6 +190,21 @@ pub fn caller_codes(to: TaskStatus) -> &'static [&'static str] {
     }
 }
 
+/// The codes task-state-guard 0.1.0's registry allows for each status it
+/// knows (`None` for the parked ones it has not): what a peer file may
+/// hold to be migrated, whatever taskwarden itself would accept.
+#[must_use]
+pub fn peer_codes(status: TaskStatus) -> Option<&'static [&'static str]> {
+    match status {
+        TaskStatus::Queued | TaskStatus::Running => Some(&[]),
+        TaskStatus::Succeeded => Some(&["completed", "worker_completed"]),
+        TaskStatus::Failed => Some(&["worker_failed"]),
+        TaskStatus::TimedOut => Some(&["deadline_exceeded", "restart_stale"]),
+        TaskStatus::Cancelled => Some(&["caller_cancelled"]),
+        TaskStatus::Blocked | TaskStatus::Escalated => None,
+    }
+}
+
 /// Every code that may be stored for a task status, ledger-written included.
 #[must_use]
 pub fn stored_codes(to: TaskStatus) -> &'static [&'static str] {

@@ -504,57 +504,78 @@ fn rechain_events(tx: &Transaction<'_>) -> Result<()> {
 }
 
 /// The peer refuses to migrate files whose stored codes fall outside its
-/// registry; taskwarden keeps that rule so no unknown text is carried on.
+/// registry (its own, narrower than taskwarden's: no `worker_lost`, no
+/// parked statuses); taskwarden keeps that rule so no unknown text is
+/// carried on.
 fn check_legacy_codes(tx: &Transaction<'_>) -> Result<()> {
-    const UNSAFE: Error = Error::Conflict("legacy database contains unsafe reason metadata");
+    if peer_code_problems(tx)? == (0, 0) {
+        Ok(())
+    } else {
+        Err(Error::Conflict(
+            "legacy database contains unsafe reason metadata",
+        ))
+    }
+}
+
+/// How many task rows and event rows hold a status or code the peer's
+/// registry refuses (or a value that is not text where one belongs).
+pub fn peer_code_problems(tx: &Transaction<'_>) -> Result<(i64, i64)> {
+    let text = |row: &rusqlite::Row<'_>, i| row.get::<_, Option<String>>(i).ok();
     let mut stmt =
         tx.prepare("SELECT status, terminal_code, delivery_status, delivery_code FROM tasks")?;
     let mut rows = stmt.query([])?;
+    let mut tasks = 0;
     while let Some(row) = rows.next()? {
-        let status = TaskStatus::from_stored(&row.get::<_, String>(0)?).map_err(|_| UNSAFE)?;
-        let code: Option<String> = row.get(1)?;
-        if !code_fits(
-            code.as_deref(),
-            status.is_terminal(),
-            fsm::caller_codes(status),
-        ) {
-            return Err(UNSAFE);
-        }
-        let delivery =
-            DeliveryStatus::from_stored(&row.get::<_, String>(2)?).map_err(|_| UNSAFE)?;
-        let code: Option<String> = row.get(3)?;
-        if !code_fits(
-            code.as_deref(),
-            delivery.is_terminal(),
-            fsm::delivery_codes(delivery),
-        ) {
-            return Err(UNSAFE);
-        }
+        let fits = match (text(row, 0), text(row, 1), text(row, 2), text(row, 3)) {
+            (Some(Some(status)), Some(code), Some(Some(delivery)), Some(delivery_code)) => {
+                task_fits_peer(&status, code.as_deref())
+                    && DeliveryStatus::from_stored(&delivery).is_ok_and(|d| {
+                        code_fits(
+                            delivery_code.as_deref(),
+                            d.is_terminal(),
+                            fsm::delivery_codes(d),
+                        )
+                    })
+            }
+            _ => false,
+        };
+        tasks += i64::from(!fits);
     }
     let mut stmt = tx.prepare("SELECT event_kind, to_value, code FROM task_events")?;
     let mut rows = stmt.query([])?;
+    let mut events = 0;
     while let Some(row) = rows.next()? {
-        let kind: String = row.get(0)?;
-        let to: String = row.get(1)?;
-        let code: Option<String> = row.get(2)?;
-        let ok = match kind.as_str() {
-            "created" => to == "queued" && code.as_deref() == Some("created"),
-            "task_transition" => match TaskStatus::from_stored(&to) {
-                Ok(TaskStatus::Running) => code.as_deref() == Some("started"),
-                Ok(s) => code_fits(code.as_deref(), true, fsm::caller_codes(s)),
-                Err(_) => false,
-            },
-            "delivery_transition" => match DeliveryStatus::from_stored(&to) {
-                Ok(d) => code_fits(code.as_deref(), true, fsm::delivery_codes(d)),
-                Err(_) => false,
-            },
+        let fits = match (text(row, 0), text(row, 1), text(row, 2)) {
+            (Some(Some(kind)), Some(Some(to)), Some(code)) => {
+                event_fits_peer(&kind, &to, code.as_deref())
+            }
             _ => false,
         };
-        if !ok {
-            return Err(UNSAFE);
-        }
+        events += i64::from(!fits);
     }
-    Ok(())
+    Ok((tasks, events))
+}
+
+/// A status the peer knows, with a code its registry allows for it.
+fn task_fits_peer(status: &str, code: Option<&str>) -> bool {
+    TaskStatus::from_stored(status).is_ok_and(|s| {
+        fsm::peer_codes(s).is_some_and(|codes| code_fits(code, s.is_terminal(), codes))
+    })
+}
+
+/// An event the peer writes: its kind, target and code.
+fn event_fits_peer(kind: &str, to: &str, code: Option<&str>) -> bool {
+    match kind {
+        "created" => to == "queued" && code == Some("created"),
+        "task_transition" => match TaskStatus::from_stored(to) {
+            Ok(TaskStatus::Running) => code == Some("started"),
+            Ok(s) => fsm::peer_codes(s).is_some_and(|codes| code_fits(code, true, codes)),
+            Err(_) => false,
+        },
+        "delivery_transition" => DeliveryStatus::from_stored(to)
+            .is_ok_and(|d| code_fits(code, true, fsm::delivery_codes(d))),
+        _ => false,
+    }
 }
 
 fn code_fits(code: Option<&str>, terminal: bool, allowed: &[&str]) -> bool {

@@ -829,8 +829,18 @@ impl Store {
             return Ok(match self.backing {
                 Backing::ReadOnly {
                     peer_version: Some(v),
+                    legacy_refusal,
                     ..
-                } => report.with_schema_version(v),
+                } => {
+                    let report = report.with_schema_version(v);
+                    if legacy_refusal.is_some() {
+                        // Refused, yet perhaps sound by v3's rules.
+                        report
+                            .with_peer_code_problems(self.read_anyway(schema::peer_code_problems)?)
+                    } else {
+                        report
+                    }
+                }
                 _ => report,
             });
         };
@@ -848,6 +858,13 @@ impl Store {
             let quick = quick.join().unwrap_or(false);
             Ok(report?.with_quick_check(quick))
         })
+    }
+
+    /// `op` in a read transaction, even on a peer file whose migration was
+    /// refused (for doctor to count why).
+    fn read_anyway<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+        self.verify()?;
+        self.transaction(TransactionBehavior::Deferred, Size::Short, op)
     }
 
     /// Doctor's logical checks in one read transaction. The transaction is
