@@ -204,6 +204,39 @@ def test_read_only_reads_never_migrate_a_peer_file(tmp_path: Path, argv: list[st
 
 
 @pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
+def test_reads_never_migrate_a_peer_file_even_without_read_only(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """A health check or a look at a task must not turn a task-state-guard
+    file into one its own package cannot open: a reading command answers
+    from a read-only copy (doctor names the file's own schema version), and
+    only a writing command (or init) migrates."""
+    peer_file = tmp_path / "peer.db"
+    task = tsg.Ledger(peer_file).create_task()
+    before = peer_file.read_bytes()
+    code, out, _ = _read(peer_file, argv, task.id)
+    assert code == 0 and out.get("ok", True) is True, out
+    if argv == ["doctor"]:
+        assert out["schema_version"] == 2
+    assert peer_file.read_bytes() == before
+    assert tsg.Ledger(peer_file).get_task(task.id).id == task.id
+    code, out, _ = run_cli("--db", str(peer_file), "init")
+    assert code == 0 and out["ok"] is True
+    with pytest.raises(tsg.StateConflict):
+        tsg.Ledger(peer_file)
+
+
+@pytest.mark.parametrize("argv", READS[:-1], ids=[a[0] for a in READS[:-1]])
+def test_reads_refuse_a_missing_file_instead_of_making_one(tmp_path: Path, argv: list[str]) -> None:
+    """A mistyped --db must not be answered as an empty ledger (doctor alone
+    makes a missing file, as the peer's does)."""
+    missing = tmp_path / "typo" / "ledger.db"
+    code, out, _ = _read(missing, argv, str(uuid.uuid4()))
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert not missing.parent.exists()
+
+
+@pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
 def test_read_only_refuses_a_negative_snapshot_cap(db_path: Path, argv: list[str]) -> None:
     Ledger(db_path).close()
     for mode in ([], ["--read-only"]):

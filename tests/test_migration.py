@@ -527,6 +527,22 @@ def test_v1_file_with_unsafe_event_code_is_refused_and_stays_v1(
     assert schema_meta(db_path) == {"schema_version": "1"}
 
 
+def test_an_open_told_not_to_migrate_refuses_a_peer_file_and_leaves_it(
+    peer_file: PeerFile, tmp_path: Path
+) -> None:
+    before = file_state(peer_file.path)
+    with pytest.raises(StateConflict), Ledger(peer_file.path, migrate=False):
+        pass
+    assert file_state(peer_file.path) == before
+    assert schema_meta(peer_file.path)["schema_version"] == str(peer_file.version)
+    # Its own files, new or current, open as usual.
+    fresh = tmp_path / "fresh.db"
+    with Ledger(fresh, migrate=False) as ledger:
+        ledger.create_task()
+    with Ledger(fresh, migrate=False) as ledger:
+        assert ledger.stats()["task_count"] == 1
+
+
 def test_peer_refuses_a_migrated_file(peer_file: PeerFile) -> None:
     with Ledger(peer_file.path):
         pass

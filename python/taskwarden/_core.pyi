@@ -35,6 +35,7 @@ class LedgerCore:
         snapshot_max_bytes: object,
         clock: Callable[[], float] | None,
         euid: int,
+        migrate: object = None,
     ) -> LedgerCore: ...
     @staticmethod
     def in_memory(*, busy_timeout_ms: object, clock: Callable[[], float] | None) -> LedgerCore:

@@ -225,6 +225,8 @@ def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) 
     if getattr(args, "read_only", False):
         read_only = True
         options["snapshot_max_bytes"] = args.snapshot_max_mib * 1024 * 1024
+    elif hasattr(args, "read_only") and not read_only:
+        return _open_for_reading(args, **options)
     return Ledger(
         args.db,
         allow_external_acl=args.allow_external_acl,
@@ -232,6 +234,36 @@ def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) 
         read_only=read_only,
         **options,
     )
+
+
+def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
+    """A reading command without --read-only opens the file writable, as the
+    peer's doctor does, but never migrates a task-state-guard file (one way:
+    the peer could not open it again). Such a file, or any other a writable
+    open refuses, is read through a read-only private copy instead. Only
+    doctor (as the peer's) makes a missing file; the others refuse it, so a
+    mistyped path is not answered as an empty ledger."""
+    if args.command != "doctor" and not os.path.lexists(args.db):
+        raise InvalidInput("no ledger file at --db (init creates one)")
+    try:
+        return Ledger(
+            args.db,
+            allow_external_acl=args.allow_external_acl,
+            busy_timeout_ms=args.busy_timeout_ms,
+            migrate=False,
+            **options,
+        )
+    except StateConflict as refused:
+        try:
+            return Ledger(
+                args.db,
+                allow_external_acl=args.allow_external_acl,
+                busy_timeout_ms=args.busy_timeout_ms,
+                read_only=True,
+                snapshot_max_bytes=args.snapshot_max_mib * 1024 * 1024,
+            )
+        except LedgerError:
+            raise refused from None
 
 
 def _task(task: Any) -> dict[str, Any]:
@@ -311,19 +343,7 @@ def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        ledger = _open(args)
-    except StateConflict as refused:
-        if args.read_only:
-            raise
-        # A file the writable open refuses (a damaged peer file it will not
-        # migrate) is still reported on, through a read-only private copy.
-        cap = args.snapshot_max_mib * 1024 * 1024
-        try:
-            ledger = _open(args, read_only=True, snapshot_max_bytes=cap)
-        except LedgerError:
-            raise refused from None
-    with ledger:
+    with _open(args) as ledger:
         report = ledger.doctor()
     return {**report, "_healthy": report["healthy"] is True, "_explain": _doctor_text(report)}
 

@@ -56,6 +56,9 @@ class Ledger:
       ``"full"`` (every commit reaches the disk before it returns).
     - ``snapshot_max_bytes``: the largest file a read-only open copies into
       memory (64 MiB by default).
+    - ``migrate``: a writable open migrates a task-state-guard 0.1.0 file
+      to schema v3 (one way: the peer cannot open it afterwards); with
+      ``False`` such a file is refused (``StateConflict``) and left as it is.
 
     Use it as a context manager, or call ``close()``, to release the file.
     """
@@ -74,6 +77,7 @@ class Ledger:
         read_only: bool = False,
         durability: str = "normal",
         snapshot_max_bytes: int = _core.DEFAULT_SNAPSHOT_MAX_BYTES,
+        migrate: bool = True,
     ) -> None:
         try:
             raw = os.fspath(path)
@@ -92,6 +96,7 @@ class Ledger:
             snapshot_max_bytes=snapshot_max_bytes,
             clock=None if clock is time.time else clock,
             euid=_geteuid(),
+            migrate=migrate,
         )
         absolute = Path(os.path.abspath(raw))
         self.path = absolute.parent.resolve(strict=False) / absolute.name

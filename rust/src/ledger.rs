@@ -185,10 +185,11 @@ fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) 
 
 #[pymethods]
 impl LedgerCore {
-    /// Opens (and creates, migrates, secures) the ledger at `path`.
+    /// Opens (and creates, migrates unless told not to, secures) the
+    /// ledger at `path`.
     #[new]
     #[pyo3(signature = (path, *, busy_timeout_ms, durability, read_only, allow_external_acl,
-                        snapshot_max_bytes, clock, euid))]
+                        snapshot_max_bytes, clock, euid, migrate=None))]
     fn new(
         py: Python<'_>,
         path: &Bound<'_, PyAny>,
@@ -199,6 +200,7 @@ impl LedgerCore {
         snapshot_max_bytes: &Bound<'_, PyAny>,
         clock: Option<Py<PyAny>>,
         euid: u32,
+        migrate: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<LedgerCore> {
         let path = convert::opt_text(Some(path), "database path is invalid")?
             .ok_or(Error::Invalid("database path is invalid"))?;
@@ -216,6 +218,7 @@ impl LedgerCore {
             )?
             .map_or(snapshot::DEFAULT_MAX_BYTES, |v| v as u64),
             euid,
+            migrate: migrate.map_or(Ok(true), convert::flag)?,
         };
         let store = py.detach(|| {
             fork_guard::close_inherited();

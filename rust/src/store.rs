@@ -111,7 +111,14 @@ pub struct OpenOptions {
     pub allow_external_acl: bool,
     pub snapshot_max_bytes: u64,
     pub euid: u32,
+    /// Whether a writable open migrates a task-state-guard file (one-way);
+    /// without it such a file is refused and left as it is.
+    pub migrate: bool,
 }
+
+/// A writable open told not to migrate met a task-state-guard file.
+const NOT_MIGRATED: Error =
+    Error::Conflict("the ledger is a task-state-guard file, and this open may not migrate it");
 
 /// A read-write connection to an existing, secured ledger file (never
 /// created by SQLite: `fsguard` made it).
@@ -273,7 +280,7 @@ impl Store {
         };
         store.configure()?;
         store.conn.pragma_update(None, "page_size", PAGE_SIZE)?;
-        store.prepare_file_with_retries(opts.busy_timeout_ms)?;
+        store.prepare_file_with_retries(opts.busy_timeout_ms, opts.migrate)?;
         fsguard::verify_identity(&path, identity)?;
         fsguard::secure_sidecars(&path, true)?;
         store.wal = fsguard::open_wal(&path).map(wal_flush::Pacer::new);
@@ -285,7 +292,7 @@ impl Store {
     /// without consulting the busy handler (a journal-mode switch, a WAL
     /// being initialised); so the whole step is retried until the busy
     /// timeout has passed, and only then is `LedgerBusy` raised.
-    fn prepare_file_with_retries(&mut self, busy_timeout_ms: u32) -> Result<()> {
+    fn prepare_file_with_retries(&mut self, busy_timeout_ms: u32, migrate: bool) -> Result<()> {
         let started = Instant::now();
         let deadline = started + Duration::from_millis(u64::from(busy_timeout_ms));
         let mut watch = busy::SignalWatch::from(started);
@@ -293,7 +300,7 @@ impl Store {
             // Explained before a retry: a wait a signal ended (in a pragma,
             // outside any transaction) must not be retried and forgotten.
             match self
-                .judge_then_prepare()
+                .judge_then_prepare(migrate)
                 .map_err(|e| self.interruption.explain(e))
             {
                 Err(Error::Busy) if watch.signalled(&self.interruption) => {
@@ -504,9 +511,12 @@ impl Store {
     /// not a ledger, or a peer file that fails migration, keeps every byte
     /// (even its journal mode). Only then is it switched to WAL, and a new
     /// file given its schema.
-    fn judge_then_prepare(&mut self) -> Result<()> {
+    fn judge_then_prepare(&mut self, migrate: bool) -> Result<()> {
         let found = self.read(|tx| schema::inspect(tx))?;
         if let Found::Peer(_) = found {
+            if !migrate {
+                return Err(NOT_MIGRATED);
+            }
             self.migrate_and_compact()?;
         }
         self.ensure_wal()?;
@@ -990,6 +1000,7 @@ mod tests {
             allow_external_acl: false,
             snapshot_max_bytes: 1 << 20,
             euid: std::fs::metadata(&dir)?.uid(),
+            migrate: true,
         };
         let path = dir.join("bulk.db");
         let mut store = Store::open(&path.to_string_lossy(), &opts)?;
