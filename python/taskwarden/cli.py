@@ -125,12 +125,27 @@ def _add_recovery(
         parents=[common],
         help="time out lost running tasks and expired deliveries (--dry-run: preview)",
     )
-    rec.add_argument("--active-grace-seconds", type=float, default=600.0, help="default 600")
-    rec.add_argument("--delivery-grace-seconds", type=float, default=600.0, help="default 600")
+    rec.add_argument(
+        "--active-grace-seconds",
+        type=float,
+        default=600.0,
+        help="time out a running task silent this long (default 600, ten minutes)",
+    )
+    rec.add_argument(
+        "--delivery-grace-seconds",
+        type=float,
+        default=600.0,
+        help="close for good a pending delivery of a task that ended this long ago "
+        "(default 600, ten minutes; it cannot be marked delivered afterwards)",
+    )
     rec.add_argument(
         "--dry-run", action="store_true", help="read-only preview: counts, nothing written"
     )
-    rec.add_argument("--worker-lost", help="time out this worker's running tasks now")
+    rec.add_argument(
+        "--worker-lost",
+        help="also time out this worker's running tasks now (the graces still apply to "
+        "all tasks: give large ones to act on this worker's alone)",
+    )
     rec.add_argument("--tenant", help="only this tenant's tasks")
     rec.add_argument(
         "--snapshot-max-mib",

@@ -117,7 +117,9 @@ def explain(reports: dict[str, Any]) -> list[str]:
         f"{_count(a['deliveries_not_applicable'], 'internal one', 'internal ones')} "
         "not applicable after "
         f"{DELIVERY_GRACE / HOUR:.0f} h without a receipt. The task that is still alive and the "
-        "queued one were left alone, and no success was guessed.",
+        "queued one were left alone, and no success was guessed. (These graces are the "
+        "demo's: `taskwarden reconcile` waits 600 s for both unless told otherwise, with "
+        "--active-grace-seconds and --delivery-grace-seconds.)",
         f"Recheck: {r['tasks_timed_out']} timed out, "
         f"{_count(closed_again, 'delivery', 'deliveries')} closed: "
         "applying again changes nothing.",

@@ -175,7 +175,7 @@ fn open_checked(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<(Le
         return Err(Error::Conflict("database file identity changed"));
     }
     if meta.size() > max_bytes {
-        return Err(Error::Conflict("database exceeds snapshot limit"));
+        return Err(OVER_CAP);
     }
     Ok((file, meta))
 }
@@ -208,9 +208,7 @@ fn hash_pass(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<Pass> 
     loop {
         match reader.read(&mut buf) {
             Ok(0) => break,
-            Ok(_) if reader.offset > max_bytes => {
-                return Err(Error::Conflict("database exceeds snapshot limit"))
-            }
+            Ok(_) if reader.offset > max_bytes => return Err(OVER_CAP),
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(_) => return Err(Error::Conflict("snapshot cannot be read safely")),
@@ -219,8 +217,17 @@ fn hash_pass(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<Pass> 
     finish(reader, meta, path, identity)
 }
 
+/// A file too large to copy into memory; the refusal says which setting
+/// moves the cap.
+const OVER_CAP: Error = Error::Conflict(
+    "database exceeds the read-only snapshot cap (snapshot_max_bytes, CLI --snapshot-max-mib)",
+);
+
 fn check_header(header: &[u8; 20]) -> Result<()> {
-    if &header[..16] != b"SQLite format 3\0" || header[18] != 2 || header[19] != 2 {
+    if &header[..16] != b"SQLite format 3\0" {
+        return Err(Error::Conflict("database file is corrupt or not a ledger"));
+    }
+    if header[18] != 2 || header[19] != 2 {
         return Err(Error::Conflict("read-only snapshot requires WAL mode"));
     }
     Ok(())
@@ -231,8 +238,7 @@ pub fn load(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<Connect
     let first = hash_pass(path, identity, max_bytes)?;
     check_header(&first.header)?;
     let (file, meta) = open_checked(path, identity, max_bytes)?;
-    let size = usize::try_from(meta.size())
-        .map_err(|_| Error::Conflict("database exceeds snapshot limit"))?;
+    let size = usize::try_from(meta.size()).map_err(|_| OVER_CAP)?;
     let mut reader = HashingReader::new(file, true)?;
     let mut conn = Connection::open_in_memory()?;
     conn.deserialize_read_exact(MAIN_DB, &mut reader, size, false)
@@ -261,7 +267,7 @@ pub fn copy_of(conn: &mut Connection, max_bytes: u64) -> Result<Connection> {
     let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
     let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
     if u64::try_from(pages.saturating_mul(page_size)).map_or(true, |size| size > max_bytes) {
-        return Err(Error::Conflict("database exceeds snapshot limit"));
+        return Err(OVER_CAP);
     }
     let mut image = conn.serialize(MAIN_DB)?.to_vec();
     // As in `load`: SQLite cannot load a WAL-mode image into memory until
