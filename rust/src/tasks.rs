@@ -59,7 +59,9 @@ impl Fence {
     fn matches_attempt(&self, task: &TaskRow) -> Result<()> {
         if let Some(attempt) = self.attempt {
             if task.attempt_count != attempt {
-                return Err(Error::Conflict("a newer claim of this task exists"));
+                return Err(Error::Conflict(
+                    "the task's current claim is another attempt",
+                ));
             }
         }
         Ok(())
