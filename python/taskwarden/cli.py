@@ -258,7 +258,8 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
     open refuses, is read through a read-only private copy instead. Only
     doctor (as the peer's) makes a missing file; the others refuse it, so a
     mistyped path is not answered as an empty ledger."""
-    if args.command != "doctor" and not os.path.lexists(args.db):
+    # By name, as the ledger resolves a path: `link/..` is the link's folder.
+    if args.command != "doctor" and not os.path.lexists(os.path.abspath(args.db)):
         raise InvalidInput("no ledger file at --db (init creates one)")
     try:
         return Ledger(
