@@ -236,6 +236,21 @@ def test_reads_refuse_a_missing_file_instead_of_making_one(tmp_path: Path, argv:
     assert not missing.parent.exists()
 
 
+def test_db_and_format_may_come_before_or_after_the_command(db_path: Path) -> None:
+    with Ledger(db_path) as ledger:
+        task = ledger.create_task()
+    orders = [
+        ["--db", str(db_path), "--format", "text", "get", task.id],
+        ["get", task.id, "--db", str(db_path), "--format", "text"],
+        ["--format", "text", "get", task.id, "--db", str(db_path)],
+    ]
+    answers = {run_cli(*argv)[2] for argv in orders}
+    assert len(answers) == 1
+    assert task.id in answers.pop()
+    code, out, _ = run_cli("get", task.id, "--db", str(db_path))
+    assert code == 0 and out["task"]["id"] == task.id
+
+
 @pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
 def test_read_only_refuses_a_negative_snapshot_cap(db_path: Path, argv: list[str]) -> None:
     Ledger(db_path).close()

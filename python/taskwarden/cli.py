@@ -66,11 +66,24 @@ def _without_values(message: str) -> str:
 
 
 def _common() -> argparse.ArgumentParser:
+    """--format and --db, taken after the command as well as before it
+    (unset ones keep what was given before: argparse would otherwise let
+    a command's default replace it)."""
     common = SafeArgumentParser(add_help=False)
+    _add_format(common)
     common.add_argument(
-        "--format", choices=["json", "text"], default="json", help="output format (default json)"
+        "--db", metavar="PATH", default=argparse.SUPPRESS, help="path of the ledger file"
     )
     return common
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format",
+        choices=["json", "text"],
+        default=argparse.SUPPRESS,
+        help="output format (default json)",
+    )
 
 
 def _add_lifecycle(
@@ -197,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = SafeArgumentParser(prog="taskwarden", description=about, epilog=outputs)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--db", metavar="PATH", help="path of the ledger file")
+    _add_format(parser)
     parser.add_argument(
         "--allow-external-acl",
         action="store_true",
