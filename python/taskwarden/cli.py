@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import os
 import sys
@@ -275,23 +276,17 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
     # By name, as the ledger resolves a path: `link/..` is the link's folder.
     if args.command != "doctor" and not os.path.lexists(os.path.abspath(args.db)):
         raise InvalidInput("no ledger file at --db (init creates one)")
+    opened = functools.partial(
+        Ledger,
+        args.db,
+        allow_external_acl=args.allow_external_acl,
+        busy_timeout_ms=args.busy_timeout_ms,
+    )
     try:
-        return Ledger(
-            args.db,
-            allow_external_acl=args.allow_external_acl,
-            busy_timeout_ms=args.busy_timeout_ms,
-            migrate=False,
-            **options,
-        )
+        return opened(migrate=False, **options)
     except StateConflict as refused:
         try:
-            return Ledger(
-                args.db,
-                allow_external_acl=args.allow_external_acl,
-                busy_timeout_ms=args.busy_timeout_ms,
-                read_only=True,
-                snapshot_max_bytes=args.snapshot_max_mib * 1024 * 1024,
-            )
+            return opened(read_only=True, snapshot_max_bytes=args.snapshot_max_mib * 1024 * 1024)
         except LedgerError:
             raise refused from None
 
