@@ -36,6 +36,7 @@ class LedgerCore:
         clock: Callable[[], float] | None,
         euid: int,
         migrate: object = None,
+        create: object = None,
     ) -> LedgerCore: ...
     @staticmethod
     def in_memory(*, busy_timeout_ms: object, clock: Callable[[], float] | None) -> LedgerCore:

@@ -273,9 +273,6 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
     open refuses, is read through a read-only private copy instead. Only
     doctor (as the peer's) makes a missing file; the others refuse it, so a
     mistyped path is not answered as an empty ledger."""
-    # By name, as the ledger resolves a path: `link/..` is the link's folder.
-    if args.command != "doctor" and not os.path.lexists(os.path.abspath(args.db)):
-        raise InvalidInput("no ledger file at --db (init creates one)")
     opened = functools.partial(
         Ledger,
         args.db,
@@ -283,7 +280,7 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
         busy_timeout_ms=args.busy_timeout_ms,
     )
     try:
-        return opened(migrate=False, **options)
+        return opened(migrate=False, create=args.command == "doctor", **options)
     except StateConflict as refused:
         try:
             return opened(read_only=True, snapshot_max_bytes=args.snapshot_max_mib * 1024 * 1024)

@@ -59,6 +59,9 @@ class Ledger:
     - ``migrate``: a writable open migrates a task-state-guard 0.1.0 file
       to schema v3 (one way: the peer cannot open it afterwards); with
       ``False`` such a file is refused (``StateConflict``) and left as it is.
+    - ``create``: a writable open makes a missing file (and its missing
+      parent directories); with ``False`` a path with no file is refused
+      (``InvalidInput``).
 
     Use it as a context manager, or call ``close()``, to release the file.
     """
@@ -78,6 +81,7 @@ class Ledger:
         durability: str = "normal",
         snapshot_max_bytes: int = _core.DEFAULT_SNAPSHOT_MAX_BYTES,
         migrate: bool = True,
+        create: bool = True,
     ) -> None:
         try:
             raw = os.fspath(path)
@@ -97,6 +101,7 @@ class Ledger:
             clock=None if clock is time.time else clock,
             euid=_geteuid(),
             migrate=migrate,
+            create=create,
         )
         absolute = Path(os.path.abspath(raw))
         self.path = absolute.parent.resolve(strict=False) / absolute.name

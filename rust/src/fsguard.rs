@@ -237,11 +237,11 @@ fn is_single_regular(meta: &Metadata) -> bool {
     meta.file_type().is_file() && meta.nlink() == 1 && meta.ino() != 0
 }
 
-/// Opens (creating when writable) the database file without following a
-/// link, checks it is one regular file with one name, sets mode 0600 (or,
+/// Opens (creating when writable and `create`) the database file without
+/// following a link, checks it is one regular file with one name, sets mode 0600 (or,
 /// read-only, requires it) and returns its identity, with a lease on the
 /// process's shared descriptor of it (see `held_files`).
-pub fn prepare_file(path: &DbPath, writable: bool) -> Result<(Identity, Lease)> {
+pub fn prepare_file(path: &DbPath, writable: bool, create: bool) -> Result<(Identity, Lease)> {
     const NOT_REGULAR: Error = Error::Invalid("database path must be a regular file");
     let before = match fs::symlink_metadata(&path.file) {
         Ok(meta) if is_single_regular(&meta) => Some(meta),
@@ -257,6 +257,7 @@ pub fn prepare_file(path: &DbPath, writable: bool) -> Result<(Identity, Lease)> 
                 .open(&path.file)
         }),
         None if !writable => return Err(Error::Invalid("read-only database must already exist")),
+        None if !create => return Err(Error::Invalid("database file does not exist")),
         // O_EXCL refuses a link planted at the name, even a dangling one.
         None => held_files::lease(None, || {
             OpenOptions::new()
@@ -270,7 +271,7 @@ pub fn prepare_file(path: &DbPath, writable: bool) -> Result<(Identity, Lease)> 
     let lease = match opened {
         Ok(lease) => lease,
         Err(e) if before.is_none() && e.kind() == ErrorKind::AlreadyExists => {
-            return prepare_file(path, writable)
+            return prepare_file(path, writable, create)
         }
         Err(e) => return Err(e.into()),
     };

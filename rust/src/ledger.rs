@@ -15,7 +15,7 @@ use crate::fork_guard;
 use crate::reconcile::{self, Policy};
 use crate::retention::{self, PurgeReport};
 use crate::snapshot;
-use crate::store::{Durability, OpenOptions, Store};
+use crate::store::{Durability, FileChanges, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
 use crate::tasks::{self, Clock, Fence, ListQuery, NewTask};
 use crate::{charge, claim, objects};
@@ -185,11 +185,11 @@ fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) 
 
 #[pymethods]
 impl LedgerCore {
-    /// Opens (and creates, migrates unless told not to, secures) the
+    /// Opens (and creates, migrates, unless told not to; secures) the
     /// ledger at `path`.
     #[new]
     #[pyo3(signature = (path, *, busy_timeout_ms, durability, read_only, allow_external_acl,
-                        snapshot_max_bytes, clock, euid, migrate=None))]
+                        snapshot_max_bytes, clock, euid, migrate=None, create=None))]
     fn new(
         py: Python<'_>,
         path: &Bound<'_, PyAny>,
@@ -201,6 +201,7 @@ impl LedgerCore {
         clock: Option<Py<PyAny>>,
         euid: u32,
         migrate: Option<&Bound<'_, PyAny>>,
+        create: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<LedgerCore> {
         let path = convert::opt_text(Some(path), "database path is invalid")?
             .ok_or(Error::Invalid("database path is invalid"))?;
@@ -218,7 +219,10 @@ impl LedgerCore {
             )?
             .map_or(snapshot::DEFAULT_MAX_BYTES, |v| v as u64),
             euid,
-            migrate: migrate.map_or(Ok(true), convert::flag)?,
+            may: FileChanges {
+                create: create.map_or(Ok(true), convert::flag)?,
+                migrate: migrate.map_or(Ok(true), convert::flag)?,
+            },
         };
         let store = py.detach(|| {
             fork_guard::close_inherited();

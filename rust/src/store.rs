@@ -111,8 +111,17 @@ pub struct OpenOptions {
     pub allow_external_acl: bool,
     pub snapshot_max_bytes: u64,
     pub euid: u32,
-    /// Whether a writable open migrates a task-state-guard file (one-way);
-    /// without it such a file is refused and left as it is.
+    pub may: FileChanges,
+}
+
+/// What a writable open may do to the file it finds, beyond opening it.
+#[derive(Clone, Copy, Debug)]
+pub struct FileChanges {
+    /// Make a missing file (and its parents); without it a path with no
+    /// file is refused.
+    pub create: bool,
+    /// Migrate a task-state-guard file (one-way); without it such a file is
+    /// refused and left as it is.
     pub migrate: bool,
 }
 
@@ -245,13 +254,13 @@ impl Store {
         interruption: &busy::Interruption,
     ) -> Result<Store> {
         let path = fsguard::resolve(raw_path)?;
-        fsguard::prepare_parent(&path, !opts.read_only)?;
+        fsguard::prepare_parent(&path, !opts.read_only && opts.may.create)?;
         fsguard::check_parent_security(&path, opts.euid)?;
         if opts.read_only {
             return Store::open_read_only(path, opts, interruption);
         }
         fsguard::secure_sidecars(&path, true)?;
-        let (identity, mut lease) = fsguard::prepare_file(&path, true)?;
+        let (identity, mut lease) = fsguard::prepare_file(&path, true, opts.may.create)?;
         if !lease.enter_as_writer() {
             return Err(Error::Conflict(
                 "a read-only handle in this process has this live ledger open, and SQLite \
@@ -280,7 +289,7 @@ impl Store {
         };
         store.configure()?;
         store.conn.pragma_update(None, "page_size", PAGE_SIZE)?;
-        store.prepare_file_with_retries(opts.busy_timeout_ms, opts.migrate)?;
+        store.prepare_file_with_retries(opts.busy_timeout_ms, opts.may.migrate)?;
         fsguard::verify_identity(&path, identity)?;
         fsguard::secure_sidecars(&path, true)?;
         store.wal = fsguard::open_wal(&path).map(wal_flush::Pacer::new);
@@ -340,7 +349,7 @@ impl Store {
         opts: &OpenOptions,
         interruption: &busy::Interruption,
     ) -> Result<Store> {
-        let (identity, mut lease) = fsguard::prepare_file(&path, false)?;
+        let (identity, mut lease) = fsguard::prepare_file(&path, false, false)?;
         fsguard::secure_sidecars(&path, false)?;
         let (conn, journal_mode) = match fsguard::sidecar_state(&path) {
             Sidecars::Incomplete => {
@@ -973,7 +982,7 @@ fn uri_escape(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Durability, OpenOptions, Store, CACHE_KIB, REWRITE_CACHE_KIB};
+    use super::{Durability, FileChanges, OpenOptions, Store, CACHE_KIB, REWRITE_CACHE_KIB};
     use crate::errors::{Error, Result};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
@@ -1000,7 +1009,10 @@ mod tests {
             allow_external_acl: false,
             snapshot_max_bytes: 1 << 20,
             euid: std::fs::metadata(&dir)?.uid(),
-            migrate: true,
+            may: FileChanges {
+                create: true,
+                migrate: true,
+            },
         };
         let path = dir.join("bulk.db");
         let mut store = Store::open(&path.to_string_lossy(), &opts)?;
