@@ -77,6 +77,26 @@ def run_cli(*argv: str) -> tuple[int, Any, str]:
     return code, parsed, text
 
 
+@contextlib.contextmanager
+def held_open(script: str, *args: str) -> Iterator[None]:
+    """``script`` runs in another process for the length of the block: it
+    prints ``ready`` once it holds what it holds (the ledger open, a lock),
+    and lets go when its standard input closes."""
+    with subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        try:
+            assert holder.stdout.readline().strip() == "ready"
+            yield
+        finally:
+            holder.stdin.close()
+            assert holder.wait(timeout=60) == 0
+
+
 def run_python(script: str, *args: str) -> list[str]:
     """Run ``script`` in a fresh interpreter (real processes, real crashes);
     its stdout, line by line. A failing script fails the test."""

@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import task_state_guard as tsg
 from taskwarden import Ledger
 from taskwarden.errors import InvalidInput, StateConflict, TaskNotFound
 
-from .conftest import FrozenClock, run_cli
+from .conftest import FrozenClock, held_open, run_cli
 from .test_reconcile import SCENARIO_EXPECTED, build_scenario, counts, expect, tid
 
 BASE = 1_000_000_000.0  # long past: wall-clock (CLI) runs are deterministic too
@@ -270,24 +269,6 @@ print("ready", flush=True)
 sys.stdin.read()
 conn.close()
 """
-
-
-@contextlib.contextmanager
-def held_open(script: str, *args: str) -> Iterator[None]:
-    """Another process keeps the ledger open (so -wal and -shm exist) inside the block."""
-    with subprocess.Popen(
-        [sys.executable, "-c", script, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as holder:
-        assert holder.stdout is not None and holder.stdin is not None
-        try:
-            assert holder.stdout.readline().strip() == "ready"
-            yield
-        finally:
-            holder.stdin.close()
-            assert holder.wait(timeout=60) == 0
 
 
 def test_live_wal_is_read_in_place(tmp_path: Path) -> None:

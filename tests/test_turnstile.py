@@ -25,6 +25,8 @@ import pytest
 from taskwarden import Ledger
 from taskwarden.errors import LedgerBusy
 
+from .conftest import held_open
+
 # Holds SQLite's write lock with plain sqlite3 for a moment, in its own
 # process: the ledger's next write meets a busy lock and starts taking turns.
 # The moment is well inside the shortest busy timeout used here (300 ms).
@@ -46,8 +48,8 @@ wal = open(sys.argv[1] + "-wal", "rb")
 fcntl.flock(wal, fcntl.LOCK_EX)
 conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
 conn.execute("BEGIN IMMEDIATE")
-print("held", flush=True)
-sys.stdin.readline()
+print("ready", flush=True)
+sys.stdin.read()
 conn.execute("ROLLBACK")
 conn.close()
 fcntl.flock(wal, fcntl.LOCK_UN)
@@ -57,7 +59,7 @@ TURN_WAIT_INTERRUPTED = r"""
 import os, signal, sys, threading, time
 from taskwarden import Ledger
 sys.path.insert(0, sys.argv[2])
-from test_turnstile import contend, live_turn
+from tests.test_turnstile import contend, live_turn
 ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
 contend(ledger, sys.argv[1])
 with live_turn(sys.argv[1]):
@@ -91,23 +93,9 @@ def contend(ledger: Ledger, path: str) -> None:
         ledger.create_task()
 
 
-@contextlib.contextmanager
-def live_turn(path: Path | str) -> Iterator[None]:
+def live_turn(path: Path | str) -> contextlib.AbstractContextManager[None]:
     """Another writer in the middle of its turn (see ``LIVE_TURN``)."""
-    with subprocess.Popen(
-        [sys.executable, "-c", LIVE_TURN, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as holder:
-        assert holder.stdin is not None and holder.stdout is not None
-        assert holder.stdout.readline().strip() == "held"
-        try:
-            yield
-        finally:
-            holder.stdin.write("\n")
-            holder.stdin.flush()
-            assert holder.wait(timeout=60) == 0
+    return held_open(LIVE_TURN, str(path))
 
 
 @contextlib.contextmanager
@@ -208,7 +196,7 @@ def test_a_bulk_rewrite_takes_no_turn(db_path: Path) -> None:
 def test_ctrl_c_ends_a_wait_for_the_turn(db_path: Path) -> None:
     Ledger(db_path).close()
     out = subprocess.run(
-        [sys.executable, "-c", TURN_WAIT_INTERRUPTED, str(db_path), str(Path(__file__).parent)],
+        [sys.executable, "-c", TURN_WAIT_INTERRUPTED, str(db_path), str(Path(__file__).parents[1])],
         capture_output=True,
         text=True,
         timeout=120,
