@@ -94,10 +94,7 @@ pub fn charge(
     for (node, usage) in chain.iter().zip(grown) {
         let mut next = node.clone();
         next.usage = usage;
-        next.version = node
-            .version
-            .checked_add(1)
-            .ok_or(Error::Internal("version overflow"))?;
+        next.version = node.next_version()?;
         tasks::save(tx, node, &next, Columns::Budget)?;
         charged.get_or_insert(next);
     }

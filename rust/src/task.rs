@@ -277,6 +277,12 @@ impl TaskRow {
 }
 
 impl TaskRow {
+    /// The version a write of this row stores. A stored `i64::MAX` can only
+    /// be damage, so it is the same conflict as any other bad row.
+    pub fn next_version(&self) -> Result<i64> {
+        self.version.checked_add(1).ok_or(BAD_ROW)
+    }
+
     /// The row after moving to `to` at `now`: the column rules of SPEC §3.
     /// Pure; the caller has checked that the edge is in the table.
     pub fn moved(
@@ -289,7 +295,7 @@ impl TaskRow {
         let mut next = self.clone();
         next.status = to;
         next.updated_at = now;
-        next.version = self.version.checked_add(1).ok_or(BAD_ROW)?;
+        next.version = self.next_version()?;
         next.park_code = None;
         match to {
             TaskStatus::Running => {

@@ -416,10 +416,7 @@ pub fn heartbeat(
     not_before(now, &task)?;
     let mut next = task.clone();
     next.updated_at = now;
-    next.version = task
-        .version
-        .checked_add(1)
-        .ok_or(Error::Internal("version overflow"))?;
+    next.version = task.next_version()?;
     save(tx, &task, &next, Columns::Heartbeat)?;
     Ok(next)
 }
@@ -539,10 +536,7 @@ pub fn deliver(
     next.delivery_status = to;
     next.delivery_updated_at = now;
     next.delivery_code = code.map(str::to_owned);
-    next.version = task
-        .version
-        .checked_add(1)
-        .ok_or(Error::Internal("version overflow"))?;
+    next.version = task.next_version()?;
     let event = Event {
         task_id: task.id.clone(),
         kind: events::DELIVERY_TRANSITION.into(),
@@ -687,10 +681,7 @@ pub fn grant(tx: &Transaction<'_>, id: &str, amount: Usage, clock: Clock<'_>) ->
     };
     let mut next = task.clone();
     next.limits = limits;
-    next.version = task
-        .version
-        .checked_add(1)
-        .ok_or(Error::Internal("version overflow"))?;
+    next.version = task.next_version()?;
     next.event_head = events::append(tx, &task.event_head, &event)?;
     save(tx, &task, &next, Columns::Budget)?;
     Ok(next)
