@@ -1248,3 +1248,34 @@ def test_close_task_random_codes_succeed_or_are_refused_cleanly(
             assert closed.terminal_code == code
 
     run()
+
+
+# --------------------------------------------------------------------------
+# Flags take a bool, and a refusal names the flag in the peer's words
+
+
+OPEN_FLAGS = ("read_only", "allow_external_acl", "create", "migrate")
+CALL_FLAGS: dict[str, Callable[[Ledger], Any]] = {
+    "delivery_required": lambda lg: lg.create_task(delivery_required=1),
+    "dry_run": lambda lg: lg.reconcile(
+        active_grace_seconds=1.0, delivery_grace_seconds=1.0, dry_run=1
+    ),
+}
+
+
+@pytest.mark.parametrize("flag", OPEN_FLAGS)
+def test_an_open_flag_that_is_not_a_bool_is_named(tmp_path: Path, flag: str) -> None:
+    with pytest.raises(InvalidInput, match=rf"^{flag} must be bool$"):
+        Ledger(tmp_path / "flags.db", **{flag: 1})
+    assert not (tmp_path / "flags.db").exists()
+
+
+@pytest.mark.parametrize("flag", sorted(CALL_FLAGS))
+def test_a_call_flag_that_is_not_a_bool_is_named(tmp_path: Path, flag: str) -> None:
+    path = tmp_path / "flags.db"
+    with Ledger(path) as ledger:
+        ledger.create_task()
+        before = logical_dump(path)
+        with pytest.raises(InvalidInput, match=rf"^{flag} must be bool$"):
+            CALL_FLAGS[flag](ledger)
+    assert logical_dump(path) == before

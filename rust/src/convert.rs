@@ -84,11 +84,12 @@ pub fn opt_payload_hash(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>
     Ok(hash)
 }
 
-/// A strict bool (the peer refuses `1` for a flag).
-pub fn flag(obj: &Bound<'_, PyAny>) -> Result<bool> {
+/// A strict bool (the peer refuses `1` for a flag); a refusal names the
+/// flag in the peer's words.
+pub fn flag(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<bool> {
     obj.cast::<PyBool>()
         .map(pyo3::types::PyBoolMethods::is_true)
-        .map_err(|_| Error::Invalid("flag must be a bool"))
+        .map_err(|_| Error::InvalidArgument(name, "must be bool"))
 }
 
 /// A non-negative number of seconds: anything `float()` accepts except a

@@ -205,14 +205,17 @@ impl LedgerCore {
     ) -> PyResult<LedgerCore> {
         let path = convert::opt_text(Some(path), "database path is invalid")?
             .ok_or(Error::Invalid("database path is invalid"))?;
+        // Accepted for the peer's signature and checked in its order. On a
+        // POSIX system the file's mode is always enforced, as in the peer, so
+        // the value changes nothing.
+        convert::flag(allow_external_acl, "allow_external_acl")?;
         let opts = OpenOptions {
             busy_timeout_ms: busy_ms(busy_timeout_ms)?,
             durability: Durability::parse(
                 &convert::opt_text(Some(durability), "durability must be 'normal' or 'full'")?
                     .unwrap_or_default(),
             )?,
-            read_only: convert::flag(read_only)?,
-            allow_external_acl: convert::flag(allow_external_acl)?,
+            read_only: convert::flag(read_only, "read_only")?,
             snapshot_max_bytes: convert::opt_amount(
                 Some(snapshot_max_bytes),
                 "snapshot_max_bytes",
@@ -220,8 +223,8 @@ impl LedgerCore {
             .map_or(snapshot::DEFAULT_MAX_BYTES, |v| v as u64),
             euid,
             may: FileChanges {
-                create: create.map_or(Ok(true), convert::flag)?,
-                migrate: migrate.map_or(Ok(true), convert::flag)?,
+                create: create.map_or(Ok(true), |c| convert::flag(c, "create"))?,
+                migrate: migrate.map_or(Ok(true), |m| convert::flag(m, "migrate"))?,
             },
         };
         let store = py.detach(|| {
@@ -277,7 +280,7 @@ impl LedgerCore {
             parent_id: convert::opt_task_id(parent_id)?,
             payload_hash: convert::opt_payload_hash(payload_hash)?,
             timeout_seconds: convert::opt_seconds(timeout_seconds, "timeout_seconds")?,
-            delivery_required: convert::flag(delivery_required)?,
+            delivery_required: convert::flag(delivery_required, "delivery_required")?,
             tenant: convert::opt_name(tenant)?,
             limits: Limits {
                 calls: convert::opt_amount(llm_calls_budget, "llm_calls_budget")?,
@@ -387,7 +390,7 @@ impl LedgerCore {
         worker_lost: Option<&Bound<'py, PyAny>>,
         tenant: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let dry_run = convert::flag(dry_run)?;
+        let dry_run = convert::flag(dry_run, "dry_run")?;
         let policy = Policy {
             active_grace: convert::seconds(active_grace_seconds, "active_grace_seconds")?,
             delivery_grace: convert::seconds(delivery_grace_seconds, "delivery_grace_seconds")?,
@@ -585,7 +588,7 @@ impl LedgerCore {
         dry_run: &Bound<'py, PyAny>,
         tenant: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let dry_run = convert::flag(dry_run)?;
+        let dry_run = convert::flag(dry_run, "dry_run")?;
         let older_than = convert::seconds(older_than_seconds, "older_than_seconds")?;
         let tenant = convert::opt_name(tenant)?;
         let report = self.run(py, |store, clock| {
@@ -642,11 +645,6 @@ impl LedgerCore {
     fn storage_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let info = self.run(py, |store, _| store.info())?;
         convert::storage_dict(py, &info)
-    }
-
-    /// True for a read-only handle.
-    fn is_read_only(&self, py: Python<'_>) -> PyResult<bool> {
-        self.run(py, |store, _| Ok(store.is_read_only()))
     }
 }
 

@@ -108,7 +108,6 @@ pub struct OpenOptions {
     pub busy_timeout_ms: u32,
     pub durability: Durability,
     pub read_only: bool,
-    pub allow_external_acl: bool,
     pub snapshot_max_bytes: u64,
     pub euid: u32,
     pub may: FileChanges,
@@ -223,7 +222,6 @@ pub struct Store {
     /// This handle's turn for the write lock, while it holds one.
     turnstile: Turnstile,
     durability: Durability,
-    external_acl: bool,
 }
 
 /// What `storage_info` reports.
@@ -285,7 +283,6 @@ impl Store {
             probing: busy::Probing::default(),
             turnstile: Turnstile::default(),
             durability: opts.durability,
-            external_acl: opts.allow_external_acl,
         };
         store.configure()?;
         store.conn.pragma_update(None, "page_size", PAGE_SIZE)?;
@@ -337,7 +334,6 @@ impl Store {
             probing: busy::Probing::default(),
             turnstile: Turnstile::default(),
             durability: Durability::Normal,
-            external_acl: false,
         };
         store.configure()?;
         store.settle_schema()?;
@@ -402,7 +398,6 @@ impl Store {
             probing: busy::Probing::default(),
             turnstile: Turnstile::default(),
             durability: opts.durability,
-            external_acl: opts.allow_external_acl,
         };
         busy::install(
             &mut store.conn,
@@ -946,11 +941,9 @@ impl Store {
             journal_mode,
             busy_timeout_ms: self.busy_timeout_ms,
             foreign_keys,
-            permission_model: if self.external_acl && !cfg!(unix) {
-                "external_acl"
-            } else {
-                "posix_mode"
-            },
+            // The file's mode is enforced on every open (this crate builds
+            // for POSIX systems only).
+            permission_model: "posix_mode",
             durability: self.durability.as_str(),
             synchronous: match self
                 .conn
@@ -1006,7 +999,6 @@ mod tests {
             busy_timeout_ms: 1000,
             durability: Durability::Normal,
             read_only: false,
-            allow_external_acl: false,
             snapshot_max_bytes: 1 << 20,
             euid: std::fs::metadata(&dir)?.uid(),
             may: FileChanges {
