@@ -155,8 +155,9 @@ def test_charge_one_thread(benchmark, private_dir: Path) -> None:
         task = ledger.create_task(parent_id=parent.id, llm_calls_budget=None)
         ledger.claim(task.id, "w")
         # Steady state of a long-lived worker: its directory has stood still
-        # for the two seconds after which per-call checks trust its times
-        # (until then every call looks the file's names up again).
+        # long enough for per-call checks to trust its times (100 ms where
+        # the file system keeps fractions of a second, 2 s where it keeps
+        # whole seconds; until then every call looks the names up again).
         time.sleep(2.1)
 
         def charges() -> None:

@@ -1,8 +1,10 @@
 //! taskwarden's core: an embedded, crash-honest task-state ledger.
 //!
 //! Domain modules (`fsm`, `validate`, `task`, `events`, `schema`, `tasks`,
-//! `store`, `fsguard`, `snapshot`) never touch Python; `ledger`, `convert`,
-//! `objects` and `errors` are the only bridge.
+//! `store`, `fsguard`, `snapshot` and the rest) never touch Python; `ledger`,
+//! `convert`, `objects` and `errors` are the bridge. One exception: `busy`
+//! runs Python's signal handlers during a long lock wait, so that Ctrl-C
+//! ends the wait (it attaches only if an interpreter is there).
 
 mod ancestry;
 mod budget;
@@ -76,7 +78,3 @@ mod _core {
         Ok(())
     }
 }
-
-// Keeps the prelude import meaningful for the declarative module above.
-#[allow(dead_code)]
-fn _assert_module_compiles(_py: Python<'_>) {}
