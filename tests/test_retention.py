@@ -11,6 +11,8 @@ Files are compared with ``logical_dump`` only while no ``Ledger`` is open.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -558,6 +560,59 @@ def test_purge_more_than_one_batch(db_path: Path, clock: FrozenClock) -> None:
     assert task_ids(after) == task_ids(before) - purgeable
     assert stats["task_count"] == len(after["tasks"])
     assert stats["event_count"] == len(after["task_events"])
+
+
+class Stopped(Exception):
+    """What the test's signal handler raises."""
+
+
+def _signal_once_the_purge_commits(wal: Path, started: threading.Event) -> None:
+    """Sends SIGUSR1 to this process once the purge's first batch is in the
+    WAL (so the signal lands inside the purge, not before it)."""
+    started.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if wal.exists() and wal.stat().st_size > 0:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            return
+        time.sleep(0.001)
+
+
+def test_a_signal_stops_a_long_purge_between_batches(db_path: Path, clock: FrozenClock) -> None:
+    """Ctrl-C (any Python signal handler that raises) ends a purge of a large
+    file between two batches, not after the last one: the handler's own
+    exception reaches the caller, the batches already committed stay purged,
+    the file is healthy, and the next purge takes the rest."""
+    trees = 24_000  # about a quarter of a second of purging here
+    with opened(db_path, clock) as lg:
+        for _ in range(trees):
+            task = lg.create_task(delivery_required=False)
+            lg.cancel(task.id)
+            lg.set_delivery(task.id, "not_applicable", code="internal_task")
+    clock.advance(3600)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    started = threading.Event()
+    sender = threading.Thread(
+        target=_signal_once_the_purge_commits, args=(Path(f"{db_path}-wal"), started)
+    )
+    sender.start()
+    try:
+        with opened(db_path, clock) as lg:
+            started.set()
+            with pytest.raises(Stopped):
+                lg.purge(older_than_seconds=60)
+            left = lg.stats()["task_count"]
+            assert 0 < left < trees, "the purge ran to its end before stopping"
+            assert lg.doctor()["healthy"] is True
+            assert lg.purge(older_than_seconds=60)["trees_purged"] == left
+            assert lg.stats()["task_count"] == 0
+    finally:
+        sender.join()
+        signal.signal(signal.SIGUSR1, previous)
 
 
 # --------------------------------------------------------------------------

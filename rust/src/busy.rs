@@ -71,10 +71,39 @@ impl Interruption {
         if !matches!(err, Error::Busy) {
             return err;
         }
-        match self.0.lock().ok().and_then(|mut slot| slot.take()) {
-            Some(raised) => Error::Interrupted(raised),
-            None => err,
+        self.take().map_or(err, Error::Interrupted)
+    }
+
+    fn take(&self) -> Option<PyErr> {
+        self.0.lock().ok().and_then(|mut slot| slot.take())
+    }
+}
+
+/// Signal checks for a long run of short transactions (a purge of a large
+/// file takes seconds): Ctrl-C stops it between two of them, at most
+/// [`SIGNAL_CHECK_EVERY`] late.
+pub struct LoopSignals {
+    watch: SignalWatch,
+    interruption: Interruption,
+}
+
+impl LoopSignals {
+    #[must_use]
+    pub fn starting_now() -> Self {
+        LoopSignals {
+            watch: SignalWatch::from(Instant::now()),
+            interruption: Interruption::default(),
         }
+    }
+
+    /// The exception a signal handler raised since the last look, if any.
+    pub fn check(&mut self) -> Result<()> {
+        if self.watch.signalled(&self.interruption) {
+            if let Some(raised) = self.interruption.take() {
+                return Err(Error::Interrupted(raised));
+            }
+        }
+        Ok(())
     }
 }
 

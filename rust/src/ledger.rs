@@ -13,12 +13,12 @@ use crate::convert;
 use crate::errors::{Error, Result};
 use crate::fork_guard;
 use crate::reconcile::{self, Policy};
-use crate::retention::{self, PurgeReport};
+use crate::retention;
 use crate::snapshot;
 use crate::store::{Durability, FileChanges, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
 use crate::tasks::{self, Clock, Fence, ListQuery, NewTask};
-use crate::{charge, claim, objects};
+use crate::{busy, charge, claim, objects};
 
 /// One open ledger. Shareable across threads: the connection sits behind a
 /// mutex that is only ever taken with the interpreter detached.
@@ -592,29 +592,13 @@ impl LedgerCore {
         let older_than = convert::seconds(older_than_seconds, "older_than_seconds")?;
         let tenant = convert::opt_name(tenant)?;
         let report = self.run(py, |store, clock| {
-            let cutoff = clock()? - older_than;
-            let mut report = PurgeReport {
+            let scope = retention::PurgeScope {
+                cutoff: clock()? - older_than,
+                tenant,
                 dry_run,
-                ..PurgeReport::default()
             };
-            let mut after = String::new();
-            loop {
-                let batch = |tx: &rusqlite::Transaction<'_>| {
-                    retention::timed(&mut report, |r| {
-                        retention::purge_batch(tx, &after, cutoff, tenant.as_deref(), dry_run, r)
-                    })
-                };
-                let next = if dry_run {
-                    store.read(batch)?
-                } else {
-                    store.write(batch)?
-                };
-                match next {
-                    Some(last) => after = last,
-                    None => break,
-                }
-            }
-            Ok(report)
+            let mut signals = busy::LoopSignals::starting_now();
+            retention::purge(store, &scope, &mut || signals.check())
         })?;
         convert::purge_dict(py, &report)
     }

@@ -9,6 +9,7 @@ use rusqlite::{params, Transaction};
 
 use crate::errors::{Error, Result};
 use crate::fsm::{ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
+use crate::store::Store;
 use crate::tasks;
 
 /// A task is fully closed when its status and its delivery are terminal.
@@ -110,15 +111,52 @@ fn closed_tree(
     Ok(Some(ids))
 }
 
+/// Which trees a purge takes: fully closed, last changed at or before
+/// `cutoff`, and (when scoped) of `tenant`.
+pub struct PurgeScope {
+    pub cutoff: f64,
+    pub tenant: Option<String>,
+    pub dry_run: bool,
+}
+
+/// Purges (or counts) every tree in `scope`, a batch per transaction (a
+/// write one unless dry), so other writers never wait long. `between` runs
+/// after each batch; its error stops the purge there, and the batches
+/// already committed stay purged.
+pub fn purge(
+    store: &mut Store,
+    scope: &PurgeScope,
+    between: &mut dyn FnMut() -> Result<()>,
+) -> Result<PurgeReport> {
+    let mut report = PurgeReport {
+        dry_run: scope.dry_run,
+        ..PurgeReport::default()
+    };
+    let mut after = String::new();
+    loop {
+        let batch =
+            |tx: &Transaction<'_>| timed(&mut report, |r| purge_batch(tx, &after, scope, r));
+        let next = if scope.dry_run {
+            store.read(batch)?
+        } else {
+            store.write(batch)?
+        };
+        match next {
+            Some(last) => after = last,
+            None => return Ok(report),
+        }
+        between()?;
+    }
+}
+
 /// Purges (or counts) one batch; returns the last root examined, if any.
-pub fn purge_batch(
+fn purge_batch(
     tx: &Transaction<'_>,
     after: &str,
-    cutoff: f64,
-    tenant: Option<&str>,
-    dry_run: bool,
+    scope: &PurgeScope,
     report: &mut PurgeReport,
 ) -> Result<Option<String>> {
+    let (cutoff, tenant) = (scope.cutoff, scope.tenant.as_deref());
     let roots = next_roots(tx, after, cutoff, tenant)?;
     let Some((last, _)) = roots.last().cloned() else {
         return Ok(None);
@@ -139,7 +177,7 @@ pub fn purge_batch(
         report.trees_purged += 1;
         // Children before parents, so no moment sees a dangling parent link.
         for id in tree.iter().rev() {
-            if dry_run {
+            if scope.dry_run {
                 report.events_purged += count_events.query_row([id], |r| r.get::<_, i64>(0))?;
             } else {
                 report.events_purged += drop_events.execute([id])? as i64;
@@ -152,10 +190,7 @@ pub fn purge_batch(
 }
 
 /// Times one batch and keeps the longest.
-pub fn timed<T>(
-    report: &mut PurgeReport,
-    op: impl FnOnce(&mut PurgeReport) -> Result<T>,
-) -> Result<T> {
+fn timed<T>(report: &mut PurgeReport, op: impl FnOnce(&mut PurgeReport) -> Result<T>) -> Result<T> {
     let start = Instant::now();
     let out = op(report)?;
     let micros = i64::try_from(start.elapsed().as_micros()).unwrap_or(i64::MAX);
