@@ -25,7 +25,7 @@ import pytest
 import task_state_guard as tsg
 
 from taskwarden import Ledger, ReconcilePolicy, reconcile_restart
-from taskwarden.errors import InvalidInput, LedgerBusy, StateConflict
+from taskwarden.errors import InvalidInput, LedgerBusy, StateConflict, TaskNotFound
 
 from .conftest import FrozenClock, logical_dump, run_cli
 
@@ -656,32 +656,46 @@ def test_backwards_clock_for_a_lost_workers_task(db_path: Path, clock: FrozenClo
     assert logical_dump(db_path) == dump
 
 
-def test_a_damaged_row_does_not_block_the_pass(db_path: Path, clock: FrozenClock) -> None:
+# Each damage leaves the row's status and times readable; ``?`` is its id.
+ROW_DAMAGES: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "version_below_its_floor": ("UPDATE tasks SET version = 0 WHERE id = ?", ()),
+    "event_head_stored_as_text": ("UPDATE tasks SET event_head = ? WHERE id = ?", ("x" * 32,)),
+    "event_head_cut_short": ("UPDATE tasks SET event_head = ? WHERE id = ?", (b"\x01" * 31,)),
+    "owner_stored_as_a_blob": ("UPDATE tasks SET owner = CAST(owner AS BLOB) WHERE id = ?", ()),
+    "id_stored_as_a_blob": ("UPDATE tasks SET id = CAST(id AS BLOB) WHERE id = ?", ()),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(ROW_DAMAGES))
+def test_a_damaged_row_does_not_block_the_pass(
+    db_path: Path, clock: FrozenClock, damage: str
+) -> None:
     """Unlike the peer, where one bad row aborts the whole reconcile, the pass
     decides each row by its status, times and delivery: a running row that
-    fails validation elsewhere (its version edited below its floor) is timed
-    out with the others, dry run and apply alike, and doctor still counts the
-    damage."""
+    is damaged elsewhere (one flipped bit turns a stored text into a blob) is
+    timed out with the others, dry run and apply alike, and doctor still
+    counts the damage."""
     with Ledger(db_path, clock=clock) as ledger:
         damaged, sound = (ledger.create_task(timeout_seconds=30.0) for _ in range(2))
         for task in (damaged, sound):
             ledger.claim(task.id, "w1")
+    statement, values = ROW_DAMAGES[damage]
     with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
-        conn.execute("UPDATE tasks SET version = 0 WHERE id = ?", (damaged.id,))
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        rowid = conn.execute("SELECT rowid FROM tasks WHERE id = ?", (damaged.id,)).fetchone()[0]
+        conn.execute(statement, (*values, damaged.id))
     clock.advance(60.0)
     grace = {"active_grace_seconds": 600.0, "delivery_grace_seconds": 600.0}
     with Ledger(db_path, clock=clock) as ledger:
-        with pytest.raises(StateConflict):
+        with pytest.raises((StateConflict, TaskNotFound)):
             ledger.get_task(damaged.id)
-        assert ledger.reconcile(dry_run=True, **grace) == ledger.reconcile(**grace) | {
-            "dry_run": True,
-            "applied": False,
-        }
+        preview = ledger.reconcile(dry_run=True, **grace)
+        assert preview["tasks_timed_out"] == 2
+        assert preview == ledger.reconcile(**grace) | {"dry_run": True, "applied": False}
         assert ledger.get_task(sound.id).status == "timed_out"
-        report = ledger.doctor()
-        assert (report["healthy"], report["state_inconsistency_count"]) == (False, 1)
+        assert ledger.doctor()["healthy"] is False
     with contextlib.closing(sqlite3.connect(db_path)) as conn:
-        row = conn.execute("SELECT status FROM tasks WHERE id = ?", (damaged.id,)).fetchone()
+        row = conn.execute("SELECT status FROM tasks WHERE rowid = ?", (rowid,)).fetchone()
     assert row == ("timed_out",)
 
 

@@ -161,24 +161,48 @@ pub fn register_sql_functions(conn: &rusqlite::Connection) -> Result<()> {
         |ctx| {
             // Borrowed, not copied: set-based reconcile calls this twice
             // for every row it changes.
+            //
+            // The head, the id and the worker come from the task's row. One
+            // flipped bit can store any of them with another type; such a
+            // row is still decided by its status and times, and the hash
+            // over a stand-in value breaks its chain where doctor sees it.
             let prev: Hash = match ctx.get_raw(0) {
-                ValueRef::Blob(b) => b.try_into().unwrap_or([0xff; 32]),
-                other => return Err(bad_argument(0, other)),
+                ValueRef::Blob(b) => b.try_into().unwrap_or(DAMAGED_HEAD),
+                _ => DAMAGED_HEAD,
             };
             let event = Fields {
-                task_id: required_text(ctx, 1)?,
+                task_id: stored_text(ctx, 1).unwrap_or(DAMAGED_TEXT),
                 kind: required_text(ctx, 2)?,
                 from: text(ctx, 3)?,
                 to: required_text(ctx, 4)?,
                 at: ctx.get(5)?,
                 code: text(ctx, 6)?,
-                worker: text(ctx, 7)?,
+                worker: match ctx.get_raw(7) {
+                    ValueRef::Null => None,
+                    _ => Some(stored_text(ctx, 7).unwrap_or(DAMAGED_TEXT)),
+                },
                 grant: None,
             };
             Ok(hash_fields(&prev, &event))
         },
     )?;
     Ok(())
+}
+
+/// What `tw_event_hash` chains onto when a row's stored head is not a
+/// 32-byte blob: no real chain ends in it.
+const DAMAGED_HEAD: Hash = [0xff; 32];
+
+/// What `tw_event_hash` hashes in place of a row's id or worker stored as
+/// something other than UTF-8 text.
+const DAMAGED_TEXT: &str = "\u{fffd}";
+
+/// A value read from a task row, when it is the text it should be.
+fn stored_text<'a>(ctx: &'a Context<'_>, index: usize) -> Option<&'a str> {
+    match ctx.get_raw(index) {
+        ValueRef::Text(t) => std::str::from_utf8(t).ok(),
+        _ => None,
+    }
 }
 
 fn bad_argument(index: usize, value: ValueRef<'_>) -> rusqlite::Error {
@@ -274,8 +298,28 @@ mod tests {
             )?;
             assert_eq!(from_sql, chain_hash(&prev, &e));
         }
+        // Values from a damaged row hash as their stand-ins; the arguments
+        // the statement itself spells must be right.
+        let stand_in = Event {
+            task_id: DAMAGED_TEXT.into(),
+            worker: Some(DAMAGED_TEXT.into()),
+            ..sample()
+        };
+        let damaged: Vec<u8> = conn.query_row(
+            "SELECT tw_event_hash(CAST(?1 AS TEXT), CAST(?2 AS BLOB), ?3, ?4, ?5, ?6, ?7, 7)",
+            params![
+                prev,
+                stand_in.task_id,
+                stand_in.kind,
+                stand_in.from,
+                stand_in.to,
+                stand_in.at,
+                stand_in.code
+            ],
+            |r| r.get(0),
+        )?;
+        assert_eq!(damaged, chain_hash(&DAMAGED_HEAD, &stand_in));
         for bad in [
-            "SELECT tw_event_hash(NULL, 'a', 'b', NULL, 'c', 1.0, NULL, NULL)",
             "SELECT tw_event_hash(zeroblob(32), 'a', 'b', 5, 'c', 1.0, NULL, NULL)",
             "SELECT tw_event_hash(zeroblob(32), 'a', NULL, NULL, 'c', 1.0, NULL, NULL)",
         ] {
