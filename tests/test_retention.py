@@ -10,8 +10,10 @@ Files are compared with ``logical_dump`` only while no ``Ledger`` is open.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -665,6 +667,26 @@ def test_stats_counts_by_status_delivery_and_tenant(db_path: Path, clock: Frozen
         assert scoped["by_delivery"] == tally(rows, 3, DELIVERIES)
         assert scoped["event_count"] == events_of(dump, ids)
         assert isinstance(scoped["file_bytes"], int)
+
+
+def test_stats_count_a_damaged_tenant_without_echoing_it(db_path: Path) -> None:
+    """A stored tenant that is no valid name (an edited or damaged file) is
+    counted under ``(invalid)``: the text is never returned or printed, as
+    every other read refuses such a row."""
+    secret = "PROMPT SECRET 42 \x1b[2J"
+    with Ledger(db_path) as lg:
+        edited, blob = lg.create_task(tenant="acme").id, lg.create_task(tenant="acme").id
+        lg.create_task(tenant="beta")
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("UPDATE tasks SET tenant = ? WHERE id = ?", (secret, edited))
+        conn.execute("UPDATE tasks SET tenant = CAST(tenant AS BLOB) WHERE id = ?", (blob,))
+    with Ledger(db_path) as lg:
+        assert lg.stats()["by_tenant"] == {"(invalid)": 2, "beta": 1}
+        assert lg.stats(tenant="beta")["by_tenant"] == {"beta": 1}
+    for form in ([], ["--format", "text"]):
+        code, _, out = run_cli("--db", str(db_path), "stats", *form)
+        assert code == 0
+        assert "(invalid)" in out and "SECRET" not in out and "\x1b" not in out
 
 
 def test_stats_of_an_empty_and_an_in_memory_ledger(ledger: Ledger) -> None:

@@ -5,12 +5,14 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use rusqlite::types::ValueRef;
 use rusqlite::{params, Transaction};
 
 use crate::errors::{Error, Result};
 use crate::fsm::{ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
 use crate::store::Store;
 use crate::tasks;
+use crate::validate;
 
 /// A task is fully closed when its status and its delivery are terminal.
 const FULLY_CLOSED: &str = "status IN ('succeeded','failed','timed_out','cancelled') \
@@ -210,6 +212,20 @@ pub struct Stats {
 }
 
 /// Reads the counts in the caller's read transaction.
+/// The `by_tenant` key of a stored tenant. A stored value that is not a
+/// valid name (a damaged or edited file) is counted, never echoed: every
+/// other read refuses such a row, and it may hold any text at all.
+fn tenant_key(stored: ValueRef<'_>) -> &str {
+    match stored {
+        ValueRef::Null => "(none)",
+        ValueRef::Text(t) => std::str::from_utf8(t)
+            .ok()
+            .filter(|name| validate::name(name).is_ok())
+            .unwrap_or("(invalid)"),
+        _ => "(invalid)",
+    }
+}
+
 pub fn stats(tx: &Transaction<'_>, tenant: Option<&str>) -> Result<Stats> {
     let mut out = Stats {
         by_status: ALL_TASK_STATUSES.iter().map(|s| (s.as_str(), 0)).collect(),
@@ -220,13 +236,13 @@ pub fn stats(tx: &Transaction<'_>, tenant: Option<&str>) -> Result<Stats> {
         ..Stats::default()
     };
     let mut stmt = tx.prepare(
-        "SELECT status, delivery_status, coalesce(tenant, '(none)'), count(*) FROM tasks
+        "SELECT status, delivery_status, tenant, count(*) FROM tasks
          WHERE (?1 IS NULL OR tenant = ?1) GROUP BY 1, 2, 3",
     )?;
     let mut rows = stmt.query([tenant])?;
     while let Some(row) = rows.next()? {
-        let (status, delivery, who, n): (String, String, String, i64) =
-            (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+        let (status, delivery, n): (String, String, i64) = (row.get(0)?, row.get(1)?, row.get(3)?);
+        let who = tenant_key(row.get_ref(2)?);
         out.task_count += n;
         if let Some(slot) = ALL_TASK_STATUSES.iter().find(|s| s.as_str() == status) {
             *out.by_status.entry(slot.as_str()).or_default() += n;
@@ -237,7 +253,7 @@ pub fn stats(tx: &Transaction<'_>, tenant: Option<&str>) -> Result<Stats> {
         {
             *out.by_delivery.entry(slot.as_str()).or_default() += n;
         }
-        *out.by_tenant.entry(who).or_default() += n;
+        *out.by_tenant.entry(who.to_owned()).or_default() += n;
     }
     out.event_count = if tenant.is_some() {
         tx.query_row(
