@@ -289,6 +289,103 @@ def test_a_signal_handler_calling_back_into_its_waiting_ledger_is_refused(
         assert ledger.create_task().status == "queued"
 
 
+THREADS_BEHIND_A_LOCK_WAIT = r"""
+import sys, threading, time
+from taskwarden import Ledger, LedgerBusy
+ledger = Ledger(sys.argv[1], busy_timeout_ms=400)
+waited = []
+def write():
+    started = time.monotonic()
+    try:
+        ledger.create_task()
+    except LedgerBusy:
+        waited.append(time.monotonic() - started)
+threads = [threading.Thread(target=write) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(len(waited), max(waited))
+"""
+
+
+def test_threads_behind_a_call_in_a_lock_wait_wait_one_timeout_each(db_path: Path) -> None:
+    """Eight threads write through one handle while another process holds
+    the lock: each gets LedgerBusy after its own busy_timeout_ms, waiting
+    for the handle and the lock together, not one timeout per thread ahead
+    of it (3.2 s for the last of eight at 400 ms)."""
+    Ledger(db_path).close()
+    count, longest = _run_while_locked(db_path, THREADS_BEHIND_A_LOCK_WAIT).split()
+    assert int(count) == 8
+    assert float(longest) < 1.6
+    assert task_count(db_path) == 0
+
+
+HANDLER_JOINING_WORKERS = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger, LedgerBusy
+ledger = Ledger(sys.argv[1], busy_timeout_ms=1_000)
+stop, outcomes = threading.Event(), []
+def work():
+    try:
+        while not stop.is_set():
+            ledger.stats()
+            time.sleep(0.01)
+        outcomes.append("stopped")
+    except LedgerBusy:
+        outcomes.append("busy")
+workers = [threading.Thread(target=work) for _ in range(2)]
+for w in workers: w.start()
+def on_term(signum, frame):  # a graceful shutdown: stop the workers, wait for them
+    stop.set()
+    for w in workers: w.join()
+    raise SystemExit(7 if len(outcomes) == 2 else 3)
+signal.signal(signal.SIGTERM, on_term)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+ledger.create_task()  # waits for the lock another process holds
+"""
+
+
+def test_a_signal_handler_that_joins_the_handles_threads_ends(db_path: Path) -> None:
+    """A shutdown handler runs inside the main thread's lock wait, while its
+    call holds the handle, and joins worker threads that use the same
+    handle. Their wait for the handle is bounded like a lock wait, so they
+    give up with LedgerBusy and the join returns: no hang."""
+    Ledger(db_path).close()
+    with write_lock_held(db_path):
+        done = subprocess.run(
+            [sys.executable, "-c", HANDLER_JOINING_WORKERS, str(db_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 7, done.stderr
+
+
+CLOSE_BEHIND_A_LOCK_WAIT = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger, LedgerBusy
+ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
+writer = threading.Thread(target=lambda: ledger.create_task(), daemon=True)
+writer.start()
+time.sleep(0.3)  # the writer's call now holds the handle in its lock wait
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    ledger.get_task("0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9")
+except KeyboardInterrupt:
+    print("interrupted after", time.monotonic() - started)
+"""
+
+
+def test_ctrl_c_ends_a_wait_for_another_threads_call(db_path: Path) -> None:
+    """The main thread waits for the handle that a worker thread's call holds
+    through a 60 s lock wait: Ctrl-C ends that wait at once."""
+    Ledger(db_path).close()
+    word, _, waited = _run_while_locked(db_path, CLOSE_BEHIND_A_LOCK_WAIT).strip().rpartition(" ")
+    assert word == "interrupted after", waited
+    assert float(waited) < 5.0  # the holder keeps the lock for 15 s
+    assert task_count(db_path) == 0
+
+
 INTERRUPTED_OPEN = r"""
 import os, signal, sys, threading, time
 from taskwarden import Ledger

@@ -159,6 +159,37 @@ def test_a_wait_for_a_turn_ends_at_the_busy_timeout(db_path: Path) -> None:
         assert ledger.stats()["task_count"] == 2
 
 
+# A writer whose turn ends (at 0.7 s) while SQLite's lock stays taken, as
+# when another program takes the lock the moment the turn's holder commits.
+TURN_THEN_LOCK = r"""
+import fcntl, sqlite3, sys, time
+wal = open(sys.argv[1] + "-wal", "rb")
+fcntl.flock(wal, fcntl.LOCK_EX)
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
+conn.execute("BEGIN IMMEDIATE")
+print("ready", flush=True)
+time.sleep(0.7)
+fcntl.flock(wal, fcntl.LOCK_UN)
+sys.stdin.read()
+conn.execute("ROLLBACK")
+conn.close()
+"""
+
+
+def test_a_wait_for_the_turn_and_then_the_lock_shares_one_timeout(db_path: Path) -> None:
+    """A write that waited for its turn and then meets SQLite's lock taken
+    waits one busy timeout in all (1 s here), not one for each (1.7 s)."""
+    with Ledger(db_path, busy_timeout_ms=1000) as ledger:
+        contend(ledger, str(db_path))
+        with held_open(TURN_THEN_LOCK, str(db_path)):
+            started = time.monotonic()
+            with pytest.raises(LedgerBusy):
+                ledger.create_task()
+            waited = time.monotonic() - started
+        assert 0.9 <= waited < 1.5, waited
+        assert ledger.stats()["task_count"] == 1  # contend()'s task alone
+
+
 def test_a_turn_held_by_no_writer_holds_writers_up_only_briefly(db_path: Path) -> None:
     """A turn whose holder does not write (SQLite's lock stays free) would
     cost every writer its busy timeout: a writer that waited a moment and

@@ -3,8 +3,8 @@
 //! turns the result back into Python values afterwards.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -31,6 +31,8 @@ pub struct LedgerCore {
     opened_by: Option<u32>,
     /// `None` means the system clock; otherwise a Python callable.
     clock: Option<Py<PyAny>>,
+    /// How long a call waits for another thread's call on this handle.
+    busy_timeout: Duration,
 }
 
 fn system_now() -> Result<f64> {
@@ -43,6 +45,7 @@ fn system_now() -> Result<f64> {
 impl LedgerCore {
     fn holding(store: Store, clock: Option<Py<PyAny>>) -> LedgerCore {
         let in_memory = store.is_in_memory();
+        let busy_timeout = store.busy_timeout();
         let store = Arc::new(Mutex::new(Some(store)));
         if !in_memory {
             fork_guard::register(&store);
@@ -51,6 +54,7 @@ impl LedgerCore {
             store,
             opened_by: (!in_memory).then(std::process::id),
             clock,
+            busy_timeout,
         }
     }
 
@@ -73,7 +77,20 @@ impl LedgerCore {
     /// call holds the store (its clock; signal handlers during a lock
     /// wait), so Python calling back into the same ledger on that thread
     /// would wait for itself forever: it is refused instead.
+    ///
+    /// The wait for another thread's call is a lock wait like any other:
+    /// `busy_timeout_ms` at most, then `LedgerBusy`, and Ctrl-C ends it.
+    /// Unbounded, threads queued behind a call stuck in a long lock wait
+    /// waited a timeout each in turn, and a signal handler that joins them
+    /// (while the main thread's call holds the store) waited for ever.
     fn lock_store(&self) -> Result<MutexGuard<'_, Option<Store>>> {
+        self.lock_store_within(Some(self.busy_timeout))
+    }
+
+    fn lock_store_within(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<MutexGuard<'_, Option<Store>>> {
         // Before the lock: in a forked child, a call another thread was
         // making at the fork holds it for ever.
         if self.inherited() {
@@ -85,9 +102,11 @@ impl LedgerCore {
                  (its clock, or a signal handler during a lock wait)",
             ));
         }
-        self.store
-            .lock()
-            .map_err(|_| Error::Internal("ledger lock poisoned"))
+        busy::poll(timeout, || match self.store.try_lock() {
+            Ok(guard) => Ok(Some(guard)),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Poisoned(_)) => Err(Error::Internal("ledger lock poisoned")),
+        })
     }
 
     /// Runs `op` on the store with the interpreter detached.
@@ -252,8 +271,10 @@ impl LedgerCore {
         if self.inherited() {
             return Ok(());
         }
+        // A close waits for the call ahead of it however long that takes
+        // (Ctrl-C still ends the wait): it must not fail for being patient.
         py.detach(|| {
-            self.lock_store()?.take();
+            self.lock_store_within(None)?.take();
             Ok::<(), Error>(())
         })?;
         Ok(())

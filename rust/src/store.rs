@@ -754,7 +754,10 @@ impl Store {
         }
         self.verify()?;
         if size == Size::Short {
-            self.take_turn()?;
+            if let Err(busy) = self.take_turn() {
+                self.turnstile.leave(); // forgets when this wait began
+                return Err(busy);
+            }
         }
         let out = self.transaction(TransactionBehavior::Immediate, size, op);
         // Given up only now, after the checkpoint a commit may run: while
@@ -912,6 +915,12 @@ impl Store {
         self.conn
             .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
             .ok();
+    }
+
+    /// How long this handle waits for a lock.
+    #[must_use]
+    pub fn busy_timeout(&self) -> Duration {
+        Duration::from_millis(u64::from(self.busy_timeout_ms))
     }
 
     /// True for `Ledger.in_memory()`.

@@ -89,6 +89,9 @@ struct Turns {
     stale_at: Option<Instant>,
     /// The thread still waiting in `flock` for a writer that gave up.
     abandoned: Option<Arc<Wait>>,
+    /// When the current write began waiting for its turn: its wait for
+    /// SQLite's lock, if it has one, ends one busy timeout after that.
+    wait_began: Option<Instant>,
 }
 
 /// Where a waiting thread's `flock` stands.
@@ -173,6 +176,7 @@ impl Turnstile {
         let Some(wait) = self.waiting_thread(wal) else {
             return Ok(()); // no thread to be had: SQLite's busy handler waits
         };
+        self.turns().wait_began = Some(Instant::now());
         if self.await_turn(&wait, interruption, timeout, lock_free)? {
             self.hold(wal);
         }
@@ -274,11 +278,20 @@ impl Turnstile {
     /// the checkpoint it may run) is done, or when it must wait for a lock
     /// the turnstile does not cover.
     pub fn leave(&self) {
-        if let Some(wal) = self.turns().held.take() {
+        let mut turns = self.turns();
+        turns.wait_began = None;
+        if let Some(wal) = turns.held.take() {
             // An unlock fails only for a descriptor that is not open; the
             // lock then went with it.
             let _ = wal.unlock();
         }
+    }
+
+    /// When the current write began waiting for its turn, if it waited:
+    /// the start of its one busy timeout (see `busy::install`).
+    #[must_use]
+    pub fn wait_began(&self) -> Option<Instant> {
+        self.turns().wait_began
     }
 
     /// This handle found SQLite's lock or the turn taken: it takes turns
