@@ -40,6 +40,23 @@ def test_loose_file_mode_is_tightened(db_path: Path, loose: int) -> None:
     assert mode(db_path) == 0o600
 
 
+@pytest.mark.parametrize("content", [b"root:x:0:0:root:/root:/bin/bash\n", b"SQLite"])
+def test_a_file_that_is_no_database_keeps_its_mode(db_path: Path, content: bytes) -> None:
+    """A mistyped path (``--db /etc/passwd``) is refused as no ledger
+    before anything changes: its mode stays as it was, for the API and for
+    every CLI command, reading or writing."""
+    db_path.write_bytes(content)
+    db_path.chmod(0o644)
+    with pytest.raises(StateConflict, match="corrupt or not a ledger"):
+        Ledger(db_path)
+    for command in (["stats"], ["doctor"], ["list"], ["init"]):
+        code, _, _ = run_cli("--db", str(db_path), *command)
+        assert code == 2
+    assert mode(db_path) == 0o644
+    assert db_path.read_bytes() == content
+    assert sorted(p.name for p in db_path.parent.iterdir()) == [db_path.name]
+
+
 def test_symlink_at_the_database_name_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "real.db"
     Ledger(target).close()

@@ -4,7 +4,7 @@
 
 use std::fs::{self, DirBuilder, File, Metadata, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -299,11 +299,28 @@ fn secure_mode(file: &File, meta: &Metadata, writable: bool) -> Result<()> {
     if !writable {
         return Err(Error::Invalid("read-only database must have mode 0600"));
     }
+    // A mistyped path (`--db /etc/passwd`) must not lose its mode before
+    // the open finds that it is no ledger: only an empty file or a SQLite
+    // one is made private.
+    if meta.len() > 0 && !is_sqlite(file)? {
+        return Err(Error::Corrupt);
+    }
     file.set_permissions(fs::Permissions::from_mode(0o600))?;
     if file.metadata()?.mode() & 0o7777 != 0o600 {
         return Err(Error::Invalid("database permissions cannot be secured"));
     }
     Ok(())
+}
+
+/// Whether `file` starts with SQLite's header string.
+fn is_sqlite(file: &File) -> Result<bool> {
+    const MAGIC: &[u8; 16] = b"SQLite format 3\0";
+    let mut head = [0u8; 16];
+    match file.read_exact_at(&mut head, 0) {
+        Ok(()) => Ok(&head == MAGIC),
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The file opened is still one regular file with one name: through the
