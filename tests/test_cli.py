@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -224,6 +226,29 @@ def test_reads_never_migrate_a_peer_file_even_without_read_only(
     assert code == 0 and out["ok"] is True
     with pytest.raises(tsg.StateConflict):
         tsg.Ledger(peer_file)
+
+
+@pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
+def test_a_peer_file_over_the_copys_cap_is_refused_for_that_reason(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """A reading command reads a task-state-guard file through a private
+    copy: a file over the copy's cap is refused with that reason (which
+    names --snapshot-max-mib), not as a file that may not be migrated, and
+    a larger cap reads it."""
+    peer_file = tmp_path / "peer.db"
+    task = tsg.Ledger(peer_file).create_task()
+    with contextlib.closing(sqlite3.connect(peer_file)) as conn:  # 2 MiB of free pages
+        conn.execute("CREATE TABLE scratch (x)")
+        conn.executemany("INSERT INTO scratch VALUES (randomblob(4000))", [()] * 500)
+        conn.commit()
+        conn.execute("DROP TABLE scratch")
+        conn.commit()
+    refused = _read(peer_file, argv, task.id, "--snapshot-max-mib", "1", "--format", "text")
+    assert refused[0] == 2
+    assert "--snapshot-max-mib" in refused[2] and "migrate" not in refused[2]
+    code, out, _ = _read(peer_file, argv, task.id, "--snapshot-max-mib", "8")
+    assert code == 0 and out.get("ok", True) is True, out
 
 
 @pytest.mark.parametrize("argv", READS[:-1], ids=[a[0] for a in READS[:-1]])

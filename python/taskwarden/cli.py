@@ -239,7 +239,11 @@ def _reading() -> argparse.ArgumentParser:
         "private copy, one another process has open in place)",
     )
     reading.add_argument(
-        "--snapshot-max-mib", type=int, default=64, help="with --read-only (default 64)"
+        "--snapshot-max-mib",
+        type=int,
+        default=64,
+        help="largest file read through a private copy: with --read-only, "
+        "and a task-state-guard file always (default 64)",
     )
     return reading
 
@@ -282,10 +286,12 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
     try:
         return opened(migrate=False, create=args.command == "doctor", **options)
     except StateConflict as refused:
+        # The copy's refusal is the one to report: it is why the file
+        # cannot be read (a task-state-guard file over the copy's cap, say).
         try:
             return opened(read_only=True, snapshot_max_bytes=args.snapshot_max_mib * 1024 * 1024)
-        except LedgerError:
-            raise refused from None
+        except LedgerError as unreadable:
+            raise unreadable from refused
 
 
 def _task(task: Any) -> dict[str, Any]:
