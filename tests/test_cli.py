@@ -427,3 +427,14 @@ def test_demo_takes_the_same_path_given_twice(tmp_path: Path) -> None:
     code, out, _ = run_cli("--db", "./demo.db", "demo", "--keep-db", "demo.db")
     assert code == 0 and out["ok"] is True
     assert (tmp_path / "demo.db").exists()
+
+
+def test_demo_refuses_a_bad_global_option_and_writes_nothing(tmp_path: Path) -> None:
+    """The demo opens its ledgers with the global options, so it refuses
+    the values every other command refuses, before any file is made."""
+    demo = tmp_path / "demo.db"
+    code, out, _ = run_cli("--db", str(demo), "--busy-timeout-ms", "-1", "demo")
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert list(tmp_path.iterdir()) == []
+    code, out, _ = run_cli("--db", str(demo), "--busy-timeout-ms", "50", "demo")
+    assert code == 0 and out["ok"] is True

@@ -424,7 +424,11 @@ def _cmd_demo(args: argparse.Namespace) -> dict[str, Any]:
     named = {os.path.abspath(p) for p in (args.keep_db, args.db) if p is not None}
     if len(named) > 1:
         raise InvalidInput("--db and --keep-db name different paths")
-    reports = run_demo(args.keep_db if args.keep_db is not None else args.db)
+    reports = run_demo(
+        args.keep_db if args.keep_db is not None else args.db,
+        busy_timeout_ms=args.busy_timeout_ms,
+        allow_external_acl=args.allow_external_acl,
+    )
     return {"ok": True, "demo": reports, "_explain": explain(reports)}
 
 

@@ -68,24 +68,31 @@ def _populate(ledger: Ledger, clock: _ScriptClock, now: float) -> None:
     ledger.heartbeat(alive.id)  # alive: a minute ago
 
 
-def run_demo(db: str | Path | None = None) -> dict[str, Any]:
+def run_demo(
+    db: str | Path | None = None,
+    *,
+    busy_timeout_ms: int = 5000,
+    allow_external_acl: bool = False,
+) -> dict[str, Any]:
     """Build the scenario and return the preview, apply and recheck reports.
 
     ``db`` must not exist yet: the demo reconciles everything in its ledger,
-    and a real ledger's tasks are not the demo's to time out.
+    and a real ledger's tasks are not the demo's to time out. The keywords
+    are the ledger's own, for each open.
     """
+    options = {"busy_timeout_ms": busy_timeout_ms, "allow_external_acl": allow_external_acl}
     if db is not None and any(os.path.lexists(f"{db}{s}") for s in ("", "-wal", "-journal")):
         raise InvalidInput("the demo builds a new ledger; that path already exists")
     with tempfile.TemporaryDirectory(prefix="taskwarden-demo-") as tmp:
         path = Path(db) if db is not None else Path(tmp) / "private" / "demo.db"
         now = time.time()
         clock = _ScriptClock(now)
-        with Ledger(path, clock=clock) as ledger:
+        with Ledger(path, clock=clock, **options) as ledger:
             _populate(ledger, clock, now)
             clock.now = now
-        with Ledger(path, clock=clock, read_only=True) as reader:
+        with Ledger(path, clock=clock, read_only=True, **options) as reader:
             preview = _reconcile(reader, dry_run=True)
-        with Ledger(path, clock=clock) as ledger:
+        with Ledger(path, clock=clock, **options) as ledger:
             applied = _reconcile(ledger)
             recheck = _reconcile(ledger)
     return {"preview": preview, "apply": applied, "recheck": recheck}
