@@ -5,11 +5,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import multiprocessing
+import os
 import pickle
 import threading
 import typing
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -401,13 +402,82 @@ def test_path_is_typed_as_optional_and_none_in_memory(tmp_path: Path) -> None:
         assert on_disk.path == (tmp_path / "private" / "t.db").resolve()
 
 
-@pytest.mark.parametrize("copier", [copy.copy, copy.deepcopy])
-def test_a_ledger_cannot_be_copied(copier: Any) -> None:
-    """A copy would share the connection, so closing it closes the original."""
+COPIERS = {
+    "copy": copy.copy,
+    "deepcopy": copy.deepcopy,
+    "pickle": lambda ledger: pickle.loads(pickle.dumps(ledger)),
+}
+
+
+@pytest.mark.parametrize("copier", sorted(COPIERS))
+def test_a_copied_or_pickled_ledger_is_a_new_handle_on_the_same_file(
+    db_path: Path, copier: str
+) -> None:
+    """As with task-state-guard, a ledger can be copied or pickled (handed to
+    a spawned worker, say): the copy opens its own connection to the same
+    file with the same arguments, so closing one leaves the other open."""
+    original = Ledger(db_path, busy_timeout_ms=1234, durability="full")
+    task = original.create_task()
+    twin = COPIERS[copier](original)
+    assert twin is not original and twin.path == original.path
+    assert twin.storage_info()["busy_timeout_ms"] == 1234
+    assert twin.storage_info()["durability"] == "full"
+    twin.close()
+    assert original.get_task(task.id).id == task.id
+    again = COPIERS[copier](original)
+    original.close()
+    assert again.create_task().status is TaskStatus.QUEUED
+    with pytest.raises(StateConflict, match="ledger is closed"):
+        COPIERS[copier](original)
+    again.close()
+
+
+@pytest.mark.parametrize("copier", sorted(COPIERS))
+def test_an_in_memory_ledger_cannot_be_copied(copier: str) -> None:
+    """Its memory is its own: a copy would share it, so closing the copy
+    would close the original."""
     with Ledger.in_memory() as mem:
-        with pytest.raises(TypeError, match="open another Ledger"):
-            copier(mem)
+        with pytest.raises(TypeError, match="in-memory"):
+            COPIERS[copier](mem)
         assert mem.create_task().status is TaskStatus.QUEUED
+
+
+def _claim_in_worker(ledger: Ledger, task_id: str) -> str:
+    with ledger:
+        return str(ledger.claim(task_id, f"w{os.getpid()}").status)
+
+
+# A module-level ledger, as task-state-guard programs keep one: a forked
+# worker inherits it.
+_FLEET_LEDGER: Ledger | None = None
+
+
+def _claim_with_the_inherited_ledger(task_id: str) -> str:
+    assert _FLEET_LEDGER is not None
+    return str(_FLEET_LEDGER.claim(task_id, f"w{os.getpid()}").status)
+
+
+@pytest.mark.parametrize("how", ["pickled_to_spawned", "inherited_by_forked"])
+def test_a_ledger_handed_to_worker_processes_serves_them(db_path: Path, how: str) -> None:
+    """A program written for task-state-guard gives its ledger to a process
+    pool, pickled (spawn) or inherited (fork): each worker claims through a
+    connection of its own, and every claim is in the file."""
+    global _FLEET_LEDGER
+    with Ledger(db_path) as ledger:
+        ids = [ledger.create_task().id for _ in range(4)]
+        if how == "pickled_to_spawned":
+            with multiprocessing.get_context("spawn").Pool(2) as pool:
+                statuses = pool.starmap(_claim_in_worker, [(ledger, i) for i in ids])
+        else:
+            _FLEET_LEDGER = ledger
+            try:
+                with multiprocessing.get_context("fork").Pool(2) as pool:
+                    statuses = pool.map(_claim_with_the_inherited_ledger, ids)
+            finally:
+                _FLEET_LEDGER = None
+        assert statuses == ["running"] * 4
+        assert {ledger.get_task(i).status for i in ids} == {TaskStatus.RUNNING}
+        assert ledger.doctor()["healthy"] is True
 
 
 def test_reason_code_registry_is_exported() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +35,47 @@ class _ClosedCore:
 
 
 _CLOSED: Any = _ClosedCore()
+
+
+class _InheritedCore:
+    """What a forked child's inherited file ledger holds until its first
+    call: the parent's connection is never used in the child (it holds
+    none of the parent's locks), so that call opens the child's own, with
+    the same arguments, and the inherited one is set aside untouched."""
+
+    def __init__(self, ledger: Ledger, inherited: Any) -> None:
+        self._ledger = ledger
+        self._inherited = inherited  # dropped only once the child's own is open
+
+    def __getattr__(self, name: str) -> Any:
+        path, options = self._ledger._reopen_args
+        own = _core.LedgerCore(path, **options)
+        self._ledger._core = own
+        return getattr(own, name)
+
+    def close(self) -> None:
+        """Closing before any call opens nothing."""
+
+
+# The file ledgers of this process that may be open, for the fork hook.
+_OPEN_FILE_LEDGERS: weakref.WeakSet[Ledger] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # No SQLite here: a thread that did not survive the fork may hold its
+    # locks. The inherited handles are only swapped for placeholders.
+    for ledger in list(_OPEN_FILE_LEDGERS):
+        if ledger._core is not _CLOSED and not isinstance(ledger._core, _InheritedCore):
+            ledger._core = _InheritedCore(ledger, ledger._core)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _reopened(path: str, options: dict[str, Any]) -> Ledger:
+    """A copy or an unpickled ``Ledger``: a new handle on the same file."""
+    return Ledger(path, **options)
 
 
 class Ledger:
@@ -91,18 +133,22 @@ class Ledger:
             raise InvalidInput("database path is invalid")
         if not callable(clock):
             raise InvalidInput("clock must be callable")
-        self._core = _core.LedgerCore(
-            raw,
-            busy_timeout_ms=busy_timeout_ms,
-            durability=durability,
-            read_only=read_only,
-            allow_external_acl=allow_external_acl,
-            snapshot_max_bytes=snapshot_max_bytes,
-            clock=None if clock is time.time else clock,
-            euid=_geteuid(),
-            migrate=migrate,
-            create=create,
-        )
+        options = {
+            "busy_timeout_ms": busy_timeout_ms,
+            "durability": durability,
+            "read_only": read_only,
+            "allow_external_acl": allow_external_acl,
+            "snapshot_max_bytes": snapshot_max_bytes,
+            "clock": None if clock is time.time else clock,
+            "euid": _geteuid(),
+            "migrate": migrate,
+            "create": create,
+        }
+        self._core = _core.LedgerCore(raw, **options)
+        # A reopen (in a forked child, or for a copy) makes no file the
+        # first open did not already make.
+        self._reopen_args = (raw, options | {"create": False})
+        _OPEN_FILE_LEDGERS.add(self)
         absolute = Path(os.path.abspath(raw))
         self.path = absolute.parent.resolve(strict=False) / absolute.name
 
@@ -116,14 +162,28 @@ class Ledger:
             busy_timeout_ms=busy_timeout_ms, clock=None if clock is time.time else clock
         )
         ledger.path = None
+        ledger._reopen_args = None
         return ledger
 
     def __enter__(self) -> Ledger:
         return self
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy, or an unpickled ``Ledger`` (a spawned worker's), is a new
+        handle on the same file with the same arguments: never one that
+        shares this handle's connection."""
+        if self._reopen_args is None:
+            raise TypeError("an in-memory Ledger cannot be copied or pickled")
+        if self._core is _CLOSED:
+            raise StateConflict("ledger is closed")
+        path, options = self._reopen_args
+        clock = options["clock"]
+        given = {k: v for k, v in options.items() if k not in ("clock", "euid")}
+        return (_reopened, (path, given | {"clock": time.time if clock is None else clock}))
+
     def __copy__(self) -> Ledger:
-        # A copy would share the connection: closing either closes both.
-        raise TypeError("a Ledger cannot be copied; open another Ledger on the same path")
+        function, args = self.__reduce__()
+        return function(*args)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Ledger:
         return self.__copy__()
