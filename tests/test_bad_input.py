@@ -1263,10 +1263,11 @@ CALL_FLAGS: dict[str, Callable[[Ledger], Any]] = {
 }
 
 
+@pytest.mark.parametrize("value", [1, None])
 @pytest.mark.parametrize("flag", OPEN_FLAGS)
-def test_an_open_flag_that_is_not_a_bool_is_named(tmp_path: Path, flag: str) -> None:
+def test_an_open_flag_that_is_not_a_bool_is_named(tmp_path: Path, flag: str, value: Any) -> None:
     with pytest.raises(InvalidInput, match=rf"^{flag} must be bool$"):
-        Ledger(tmp_path / "flags.db", **{flag: 1})
+        Ledger(tmp_path / "flags.db", **{flag: value})
     assert not (tmp_path / "flags.db").exists()
 
 

@@ -1,7 +1,7 @@
 """Type stubs for the Rust core. Use ``taskwarden.Ledger``; this is its engine."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, final
 
 from .models import Charge, Task
 
@@ -21,6 +21,7 @@ def non_negative_seconds(value: object, name: str) -> float:
     """A finite number of seconds >= 0 (anything ``float()`` takes but a bool);
     a refusal names ``name`` if it is one of ``ReconcilePolicy``'s fields."""
 
+@final
 class LedgerCore:
     """One open ledger; every method runs with the interpreter released."""
 
@@ -35,8 +36,8 @@ class LedgerCore:
         snapshot_max_bytes: object,
         clock: Callable[[], float] | None,
         euid: int,
-        migrate: object = None,
-        create: object = None,
+        migrate: object,
+        create: object,
     ) -> LedgerCore: ...
     @staticmethod
     def in_memory(*, busy_timeout_ms: object, clock: Callable[[], float] | None) -> LedgerCore:

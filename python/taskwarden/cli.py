@@ -321,7 +321,7 @@ def _cmd_create(args: argparse.Namespace) -> dict[str, Any]:
         )
 
 
-def _calls_budget(args: argparse.Namespace) -> dict[str, int | None]:
+def _calls_budget(args: argparse.Namespace) -> dict[str, Any]:
     """The LLM-call limit as given; none given, the API's default applies."""
     if args.unlimited_calls:
         return {"llm_calls_budget": None}

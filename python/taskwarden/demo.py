@@ -80,7 +80,10 @@ def run_demo(
     and a real ledger's tasks are not the demo's to time out. The keywords
     are the ledger's own, for each open.
     """
-    options = {"busy_timeout_ms": busy_timeout_ms, "allow_external_acl": allow_external_acl}
+    options: dict[str, Any] = {
+        "busy_timeout_ms": busy_timeout_ms,
+        "allow_external_acl": allow_external_acl,
+    }
     if db is not None and any(os.path.lexists(f"{db}{s}") for s in ("", "-wal", "-journal")):
         raise InvalidInput("the demo builds a new ledger; that path already exists")
     with tempfile.TemporaryDirectory(prefix="taskwarden-demo-") as tmp:

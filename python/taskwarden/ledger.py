@@ -8,7 +8,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from . import _core
 from .errors import InvalidInput, StateConflict
@@ -48,6 +48,7 @@ class _InheritedCore:
         self._inherited = inherited  # dropped only once the child's own is open
 
     def __getattr__(self, name: str) -> Any:
+        assert self._ledger._reopen_args is not None  # only file ledgers are inherited
         path, options = self._ledger._reopen_args
         own = _core.LedgerCore(path, **options)
         self._ledger._core = own
@@ -66,7 +67,7 @@ def _after_fork_in_child() -> None:
     # locks. The inherited handles are only swapped for placeholders.
     for ledger in list(_OPEN_FILE_LEDGERS):
         if ledger._core is not _CLOSED and not isinstance(ledger._core, _InheritedCore):
-            ledger._core = _InheritedCore(ledger, ledger._core)
+            ledger._core = cast(_core.LedgerCore, _InheritedCore(ledger, ledger._core))
 
 
 if hasattr(os, "register_at_fork"):
@@ -111,6 +112,8 @@ class Ledger:
     SCHEMA_VERSION: int = _core.SCHEMA_VERSION
     #: The database file, absolute; ``None`` for ``Ledger.in_memory()``.
     path: Path | None
+    # What a reopen takes (the path and the options); ``None`` in memory.
+    _reopen_args: tuple[str, dict[str, Any]] | None
 
     def __init__(
         self,
@@ -133,7 +136,7 @@ class Ledger:
             raise InvalidInput("database path is invalid")
         if not callable(clock):
             raise InvalidInput("clock must be callable")
-        options = {
+        options: dict[str, Any] = {
             "busy_timeout_ms": busy_timeout_ms,
             "durability": durability,
             "read_only": read_only,
@@ -182,8 +185,8 @@ class Ledger:
         return (_reopened, (path, given | {"clock": time.time if clock is None else clock}))
 
     def __copy__(self) -> Ledger:
-        function, args = self.__reduce__()
-        return function(*args)
+        _, (path, options) = self.__reduce__()
+        return _reopened(path, options)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Ledger:
         return self.__copy__()

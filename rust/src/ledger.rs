@@ -208,7 +208,7 @@ impl LedgerCore {
     /// ledger at `path`.
     #[new]
     #[pyo3(signature = (path, *, busy_timeout_ms, durability, read_only, allow_external_acl,
-                        snapshot_max_bytes, clock, euid, migrate=None, create=None))]
+                        snapshot_max_bytes, clock, euid, migrate, create))]
     fn new(
         py: Python<'_>,
         path: &Bound<'_, PyAny>,
@@ -219,8 +219,8 @@ impl LedgerCore {
         snapshot_max_bytes: &Bound<'_, PyAny>,
         clock: Option<Py<PyAny>>,
         euid: u32,
-        migrate: Option<&Bound<'_, PyAny>>,
-        create: Option<&Bound<'_, PyAny>>,
+        migrate: &Bound<'_, PyAny>,
+        create: &Bound<'_, PyAny>,
     ) -> PyResult<LedgerCore> {
         let path = convert::opt_text(Some(path), "database path is invalid")?
             .ok_or(Error::Invalid("database path is invalid"))?;
@@ -242,8 +242,8 @@ impl LedgerCore {
             .map_or(snapshot::DEFAULT_MAX_BYTES, |v| v as u64),
             euid,
             may: FileChanges {
-                create: create.map_or(Ok(true), |c| convert::flag(c, "create"))?,
-                migrate: migrate.map_or(Ok(true), |m| convert::flag(m, "migrate"))?,
+                create: convert::flag(create, "create")?,
+                migrate: convert::flag(migrate, "migrate")?,
             },
         };
         let store = py.detach(|| {
