@@ -4,6 +4,7 @@ owners, park codes and the reason codes a caller may pass."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import itertools
@@ -16,6 +17,7 @@ import pytest
 import taskwarden
 from taskwarden import (
     TRANSITIONS,
+    DeliveryStatus,
     InvalidInput,
     Ledger,
     StateConflict,
@@ -664,3 +666,50 @@ def test_ledger_written_codes_for_claim_release_requeue(ledger: Ledger, db_path:
     ledger.requeue(task.id)
     codes = [e[3] for e in events(db_path, task.id)]
     assert codes == ["created", "claimed", "released", "claimed", "attempts_exhausted", "requeued"]
+
+
+# ---------------------------------------------------------------------------
+# The per-status code tables are the ones the core enforces
+
+
+@pytest.mark.parametrize("to", sorted(s.value for s in TaskStatus if s.is_terminal))
+def test_the_task_code_table_is_what_close_accepts(to: str) -> None:
+    """Every registered code is accepted for a terminal status exactly when
+    TASK_REASON_CODES lists it (closing with no code is always allowed)."""
+    allowed = taskwarden.TASK_REASON_CODES[TaskStatus(to)]
+    with Ledger.in_memory() as mem:
+        for code in sorted(taskwarden.REASON_CODES):
+            task = mem.create_task()
+            try:
+                mem.close_task(task.id, to, code=code)
+                accepted = True
+            except InvalidInput:
+                accepted = False
+            assert accepted == (code in allowed), code
+
+
+@pytest.mark.parametrize("outcome", ["delivered", "failed", "not_applicable"])
+def test_the_delivery_code_table_is_what_set_delivery_accepts(outcome: str) -> None:
+    allowed = taskwarden.DELIVERY_REASON_CODES[DeliveryStatus(outcome)]
+    with Ledger.in_memory() as mem:
+        for code in sorted(taskwarden.REASON_CODES):
+            task = mem.create_task(delivery_required=outcome != "not_applicable")
+            mem.close_task(task.id, "succeeded")
+            try:
+                mem.set_delivery(task.id, outcome, code=code)
+                accepted = True
+            except InvalidInput:
+                accepted = False
+            assert accepted == (code in allowed), code
+
+
+def test_the_cli_help_lists_the_codes_each_status_allows() -> None:
+    from taskwarden.cli import build_parser
+
+    subcommands = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    close_help = " ".join(subcommands.choices["close"].format_help().split())
+    for to, codes in taskwarden.TASK_REASON_CODES.items():
+        if to.is_terminal:
+            assert f"{to}: {', '.join(sorted(codes))}" in close_help

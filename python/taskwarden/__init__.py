@@ -1,13 +1,22 @@
 """taskwarden: an embedded, crash-honest task-state ledger for AI-agent fleets."""
 
 from ._core import __version__, payload_fingerprint
-from .compat import REASON_CODES, TRANSITIONS, can_transition, reconcile_restart
+from .compat import (
+    DELIVERY_REASON_CODES,
+    REASON_CODES,
+    TASK_REASON_CODES,
+    TRANSITIONS,
+    can_transition,
+    reconcile_restart,
+)
 from .errors import InvalidInput, LedgerBusy, LedgerError, StateConflict, TaskNotFound
 from .ledger import Ledger
 from .models import Charge, DeliveryStatus, ReconcilePolicy, Task, TaskStatus
 
 __all__ = [
+    "DELIVERY_REASON_CODES",
     "REASON_CODES",
+    "TASK_REASON_CODES",
     "TRANSITIONS",
     "Charge",
     "DeliveryStatus",

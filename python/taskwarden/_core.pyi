@@ -10,6 +10,8 @@ SCHEMA_VERSION: int
 DEFAULT_SNAPSHOT_MAX_BYTES: int
 REASON_CODES: tuple[str, ...]
 TRANSITIONS: dict[str, tuple[str, ...]]
+TASK_REASON_CODES: dict[str, tuple[str, ...]]
+DELIVERY_REASON_CODES: dict[str, tuple[str, ...]]
 
 def payload_fingerprint(payload: str | bytes) -> str:
     """SHA-256 of a payload (``str`` as UTF-8, or ``bytes``), lowercase hex."""

@@ -7,13 +7,32 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from .compat import TASK_REASON_CODES
 from .ledger import Ledger
 from .models import TaskStatus
 
-__all__ = ["FLEET_COMMANDS", "add_fence", "add_fleet_commands", "fleet_command", "given"]
+__all__ = [
+    "FLEET_COMMANDS",
+    "add_fence",
+    "add_fleet_commands",
+    "add_task_id",
+    "codes_help",
+    "fleet_command",
+    "given",
+]
 
 Opener = Callable[[argparse.Namespace], Ledger]
 _STATUSES = [s.value for s in TaskStatus] + ["pending", "in_progress", "completed"]
+
+
+def add_task_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task_id", help="the task's UUID")
+
+
+def codes_help(codes: Any, given_for: str = "status") -> str:
+    """The --code help: the codes each target allows, from the core's table."""
+    allowed = "; ".join(f"{to}: {', '.join(sorted(c))}" for to, c in codes.items())
+    return f"reason code for the {given_for} ({allowed}; default none)"
 
 
 def add_fleet_commands(
@@ -23,7 +42,7 @@ def add_fleet_commands(
     block, escalate, requeue, cancel and list (``budget`` and ``list`` only
     read, so they take ``reading``'s --read-only options)."""
     claim = sub.add_parser("claim", parents=[common], help="claim one queued task for a worker")
-    claim.add_argument("task_id")
+    add_task_id(claim)
     claim.add_argument("--worker", required=True, help="the claiming worker's name")
 
     nxt = sub.add_parser("claim-next", parents=[common], help="claim the oldest queued tasks")
@@ -32,12 +51,12 @@ def add_fleet_commands(
     nxt.add_argument("--limit", type=int, default=1, help="how many, 1-10000 (default 1)")
 
     release = sub.add_parser("release", parents=[common], help="the owner gives a task back")
-    release.add_argument("task_id")
+    add_task_id(release)
     release.add_argument("--worker", required=True, help="the owner")
     release.add_argument("--attempt", type=int, help="refuse unless this is the current attempt")
 
     charge = sub.add_parser("charge", parents=[common], help="meter LLM use before a call")
-    charge.add_argument("task_id")
+    add_task_id(charge)
     charge.add_argument("--calls", type=int, default=1, help="LLM calls (default 1)")
     charge.add_argument("--tokens", type=int, default=0, help="tokens (default 0)")
     charge.add_argument(
@@ -46,10 +65,12 @@ def add_fleet_commands(
     add_fence(charge)
 
     budget = sub.add_parser("budget", parents=[common, reading], help="show budget figures")
-    budget.add_argument("task_id")
+    add_task_id(budget)
 
-    grant = sub.add_parser("grant", parents=[common], help="raise a task's limits")
-    grant.add_argument("task_id")
+    grant = sub.add_parser(
+        "grant", parents=[common], help="raise a task's limits (at least one amount above 0)"
+    )
+    add_task_id(grant)
     grant.add_argument("--calls", type=int, default=0, help="more LLM calls (default 0)")
     grant.add_argument("--tokens", type=int, default=0, help="more tokens (default 0)")
     grant.add_argument(
@@ -57,21 +78,22 @@ def add_fleet_commands(
     )
 
     trans = sub.add_parser("transition", parents=[common], help="compare-and-set a status")
-    trans.add_argument("task_id")
+    add_task_id(trans)
     trans.add_argument(
         "--expected", required=True, choices=_STATUSES, help="the status it must have now"
     )
     trans.add_argument("--to", required=True, choices=_STATUSES, help="the status to move to")
-    trans.add_argument("--code", help="reason code from the registry")
+    trans.add_argument("--code", help=codes_help(TASK_REASON_CODES, "target"))
     add_fence(trans)
 
-    for name, text in (("block", "running -> blocked"), ("escalate", "running -> escalated")):
-        command = sub.add_parser(name, parents=[common], help=text)
-        command.add_argument("task_id")
-        command.add_argument("--code", help="reason code from the registry")
+    for name, to in (("block", TaskStatus.BLOCKED), ("escalate", TaskStatus.ESCALATED)):
+        command = sub.add_parser(name, parents=[common], help=f"running -> {to}")
+        add_task_id(command)
+        (code,) = TASK_REASON_CODES[to]
+        command.add_argument("--code", help=f"reason code (default and only one: {code})")
         add_fence(command)
     for name, text in (("requeue", "blocked|escalated -> queued"), ("cancel", "-> cancelled")):
-        sub.add_parser(name, parents=[common], help=text).add_argument("task_id")
+        add_task_id(sub.add_parser(name, parents=[common], help=text))
 
     lst = sub.add_parser("list", parents=[common, reading], help="list tasks, oldest first")
     lst.add_argument("--status", choices=_STATUSES, help="only tasks in this status")

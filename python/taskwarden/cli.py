@@ -20,8 +20,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
-from ._fleet_cli import FLEET_COMMANDS, add_fence, add_fleet_commands, fleet_command, given
+from ._fleet_cli import (
+    FLEET_COMMANDS,
+    add_fence,
+    add_fleet_commands,
+    add_task_id,
+    codes_help,
+    fleet_command,
+    given,
+)
 from ._output import emit
+from .compat import DELIVERY_REASON_CODES, TASK_REASON_CODES
 from .errors import InvalidInput, LedgerError, StateConflict
 from .ledger import Ledger
 from .models import DeliveryStatus, TaskStatus
@@ -93,12 +102,14 @@ def _add_lifecycle(
     sub.add_parser("init", parents=[common], help="create (or migrate) the ledger file")
 
     create = sub.add_parser("create", parents=[common], help="create a task (idempotent by id)")
-    create.add_argument("--task-id", help="caller-chosen UUID")
+    create.add_argument("--task-id", help="caller-chosen UUID (default a new time-ordered one)")
     create.add_argument("--parent-id", help="UUID of an existing parent task")
     create.add_argument(
         "--payload-sha256", help="lowercase SHA-256 of the payload (never the payload)"
     )
-    create.add_argument("--timeout-seconds", type=float, help="deadline after each start")
+    create.add_argument(
+        "--timeout-seconds", type=float, help="deadline after each start (default none)"
+    )
     create.add_argument("--internal", action="store_true", help="no direct delivery expected")
     create.add_argument("--tenant", help="tenant id: 1-128 of [A-Za-z0-9._:@-]")
     calls = create.add_mutually_exclusive_group()
@@ -108,27 +119,32 @@ def _add_lifecycle(
     create.add_argument(
         "--cost-budget-micros", type=int, help="cost limit in micro-units (default unlimited)"
     )
-    create.add_argument("--max-attempts", type=int, help="claims before escalation (default 3)")
+    create.add_argument(
+        "--max-attempts",
+        type=int,
+        help="starts (claims, start, queued -> running) before a release escalates (default 3)",
+    )
 
     start = sub.add_parser("start", parents=[common], help="queued -> running")
-    start.add_argument("task_id")
+    add_task_id(start)
     get = sub.add_parser("get", parents=[common, reading], help="show one task")
-    get.add_argument("task_id")
+    add_task_id(get)
 
     heartbeat = sub.add_parser("heartbeat", parents=[common], help="mark a running task alive")
-    heartbeat.add_argument("task_id")
+    add_task_id(heartbeat)
     add_fence(heartbeat)
 
     close = sub.add_parser("close", parents=[common], help="move a task to a terminal status")
-    close.add_argument("task_id")
-    close.add_argument("--status", required=True, choices=_TERMINAL)
-    close.add_argument("--code", help="reason code from the registry")
+    add_task_id(close)
+    close.add_argument("--status", required=True, choices=_TERMINAL, help="the terminal status")
+    terminal_codes = {to: c for to, c in TASK_REASON_CODES.items() if to.is_terminal}
+    close.add_argument("--code", help=codes_help(terminal_codes))
     add_fence(close)
 
     delivery = sub.add_parser("delivery", parents=[common], help="record a delivery outcome")
-    delivery.add_argument("task_id")
-    delivery.add_argument("--status", required=True, choices=_DELIVERY)
-    delivery.add_argument("--code", help="reason code from the registry")
+    add_task_id(delivery)
+    delivery.add_argument("--status", required=True, choices=_DELIVERY, help="the outcome")
+    delivery.add_argument("--code", help=codes_help(DELIVERY_REASON_CODES, "outcome"))
 
 
 def _add_recovery(
@@ -201,7 +217,8 @@ def _add_recovery(
     demo.add_argument(
         "--keep-db",
         metavar="PATH",
-        help="build the demo ledger here and keep it (the global --db does the same)",
+        help="build the demo ledger here, a path that does not exist yet, and keep it "
+        "(the global --db does the same)",
     )
 
 

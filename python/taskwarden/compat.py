@@ -8,12 +8,31 @@ from typing import Any
 
 from . import _core
 from .ledger import Ledger
-from .models import ReconcilePolicy, TaskStatus
+from .models import DeliveryStatus, ReconcilePolicy, TaskStatus
 
-__all__ = ["REASON_CODES", "TRANSITIONS", "can_transition", "reconcile_restart"]
+__all__ = [
+    "DELIVERY_REASON_CODES",
+    "REASON_CODES",
+    "TASK_REASON_CODES",
+    "TRANSITIONS",
+    "can_transition",
+    "reconcile_restart",
+]
 
 #: The reason-code registry: the only codes the ledger stores.
 REASON_CODES: frozenset[str] = frozenset(_core.REASON_CODES)
+
+#: The codes a caller may give when moving a task into each status (the
+#: peer's table, with ``blocked``, ``escalated`` and ``worker_lost`` added);
+#: the ledger writes the others itself. Read-only, like ``TRANSITIONS``.
+TASK_REASON_CODES: Mapping[TaskStatus, frozenset[str]] = MappingProxyType(
+    {TaskStatus(to): frozenset(codes) for to, codes in _core.TASK_REASON_CODES.items()}
+)
+
+#: The codes allowed with each delivery outcome.
+DELIVERY_REASON_CODES: Mapping[DeliveryStatus, frozenset[str]] = MappingProxyType(
+    {DeliveryStatus(to): frozenset(codes) for to, codes in _core.DELIVERY_REASON_CODES.items()}
+)
 
 #: Every allowed edge of the task state machine: ``status -> allowed targets``.
 #: Read-only: the core enforces its own table, so an edited copy here could

@@ -67,6 +67,23 @@ mod _core {
             table.set_item(from.as_str(), PyTuple::new(py, targets)?)?;
         }
         m.add("TRANSITIONS", table)?;
+        // The codes a caller may give for each target, as the core checks.
+        let task_codes = PyDict::new(py);
+        for to in crate::fsm::ALL_TASK_STATUSES {
+            let codes = crate::fsm::caller_codes(to);
+            if !codes.is_empty() {
+                task_codes.set_item(to.as_str(), PyTuple::new(py, codes)?)?;
+            }
+        }
+        m.add("TASK_REASON_CODES", task_codes)?;
+        let delivery_codes = PyDict::new(py);
+        for to in crate::fsm::ALL_DELIVERY_STATUSES {
+            let codes = crate::fsm::delivery_codes(to);
+            if !codes.is_empty() {
+                delivery_codes.set_item(to.as_str(), PyTuple::new(py, codes)?)?;
+            }
+        }
+        m.add("DELIVERY_REASON_CODES", delivery_codes)?;
         // No registry lock is inherited held by a thread the child lacks.
         let hooks = PyDict::new(py);
         let free = wrap_pyfunction!(free_registries_after_fork, m)?;
