@@ -24,6 +24,7 @@ mod index_audit;
 mod ledger;
 mod objects;
 mod reconcile;
+mod replay;
 mod retention;
 mod schema;
 mod snapshot;
