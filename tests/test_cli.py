@@ -162,7 +162,7 @@ def test_help_lists_the_commands() -> None:
     assert "Exit codes: 0 ok" in " ".join(proc.stdout.split())
 
 
-READS = [["stats"], ["list"], ["get", "{id}"], ["budget", "{id}"], ["doctor"]]
+READS = [["stats"], ["list"], ["get", "{id}"], ["events", "{id}"], ["budget", "{id}"], ["doctor"]]
 
 
 def _read(db: Path, argv: list[str], task_id: str, *extra: str) -> tuple[int, object, str]:

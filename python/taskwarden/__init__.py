@@ -11,7 +11,7 @@ from .compat import (
 )
 from .errors import InvalidInput, LedgerBusy, LedgerError, StateConflict, TaskNotFound
 from .ledger import Ledger
-from .models import Charge, DeliveryStatus, ReconcilePolicy, Task, TaskStatus
+from .models import Charge, DeliveryStatus, Event, ReconcilePolicy, Task, TaskStatus
 
 __all__ = [
     "DELIVERY_REASON_CODES",
@@ -20,6 +20,7 @@ __all__ = [
     "TRANSITIONS",
     "Charge",
     "DeliveryStatus",
+    "Event",
     "InvalidInput",
     "Ledger",
     "LedgerBusy",

@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any, final
 
-from .models import Charge, Task
+from .models import Charge, Event, Task
 
 __version__: str
 SCHEMA_VERSION: int
@@ -63,6 +63,8 @@ class LedgerCore:
         """Create (or idempotently return) a task."""
     def get_task(self, task_id: object) -> Task: ...
     def children_of(self, task_id: object) -> list[Task]: ...
+    def events(self, task_id: object) -> list[Event]:
+        """The task's events, oldest first, once they verify."""
     def start_task(self, task_id: object) -> Task: ...
     def heartbeat(
         self, task_id: object, *, worker: object = None, attempt: object = None

@@ -23,6 +23,19 @@ _TASK_COLUMNS = (
     "updated_at",
 )
 
+# The history table: when, what moved, why and for whom; grants last.
+_EVENT_COLUMNS = (
+    "at",
+    "kind",
+    "from_state",
+    "to_state",
+    "code",
+    "worker",
+    "granted_calls",
+    "granted_tokens",
+    "granted_cost_micros",
+)
+
 
 def _json_line(payload: Any) -> str:
     return json.dumps(payload, sort_keys=True, separators=(",", ":"))
@@ -33,7 +46,7 @@ def _cell(value: Any, key: str = "") -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float) and key.endswith("_at"):
+    if isinstance(value, float) and (key == "at" or key.endswith("_at")):
         return _utc(value)
     if isinstance(value, float):
         return f"{value:.3f}"
@@ -95,6 +108,8 @@ def _text(payload: dict[str, Any]) -> list[str]:
             if value:
                 if key == "tasks":
                     lines += _table([_task_row(t) for t in value], _TASK_COLUMNS)
+                elif key == "events":
+                    lines += _table(value, _EVENT_COLUMNS)
                 else:
                     lines += _table(value, tuple(value[0]))
         elif isinstance(value, dict):

@@ -129,6 +129,10 @@ def _add_lifecycle(
     add_task_id(start)
     get = sub.add_parser("get", parents=[common, reading], help="show one task")
     add_task_id(get)
+    events = sub.add_parser(
+        "events", parents=[common, reading], help="show a task's history, oldest first"
+    )
+    add_task_id(events)
 
     heartbeat = sub.add_parser("heartbeat", parents=[common], help="mark a running task alive")
     add_task_id(heartbeat)
@@ -355,6 +359,11 @@ def _cmd_get(args: argparse.Namespace) -> dict[str, Any]:
         return _task(ledger.get_task(args.task_id))
 
 
+def _cmd_events(args: argparse.Namespace) -> dict[str, Any]:
+    with _open(args) as ledger:
+        return {"ok": True, "events": [e.to_dict() for e in ledger.events(args.task_id)]}
+
+
 def _cmd_heartbeat(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
         return _task(ledger.heartbeat(args.task_id, worker=args.worker, attempt=args.attempt))
@@ -456,6 +465,7 @@ COMMANDS: dict[str, Command] = {
     "create": _cmd_create,
     "start": _cmd_start,
     "get": _cmd_get,
+    "events": _cmd_events,
     "heartbeat": _cmd_heartbeat,
     "close": _cmd_close,
     "delivery": _cmd_delivery,

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from . import _core
 from .errors import InvalidInput, StateConflict
-from .models import Charge, DeliveryStatus, Task, TaskStatus
+from .models import Charge, DeliveryStatus, Event, Task, TaskStatus
 
 __all__ = ["Clock", "Ledger"]
 
@@ -243,6 +243,13 @@ class Ledger:
     def children_of(self, task_id: str) -> list[Task]:
         """Direct children, oldest first."""
         return self._core.children_of(task_id)
+
+    def events(self, task_id: str) -> list[Event]:
+        """The task's history, oldest first: who changed what, when and why.
+        Returned only once its hash chain and its path through the state
+        machines verify against the task; otherwise ``StateConflict`` (run
+        ``doctor``)."""
+        return self._core.events(task_id)
 
     def start_task(self, task_id: str) -> Task:
         """queued -> running without an owner; a running task is returned as is."""

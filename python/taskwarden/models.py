@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields, make_dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["Charge", "DeliveryStatus", "ReconcilePolicy", "Task", "TaskStatus"]
+__all__ = ["Charge", "DeliveryStatus", "Event", "ReconcilePolicy", "Task", "TaskStatus"]
 
 
 class TaskStatus(StrEnum):
@@ -149,6 +149,34 @@ class Charge:
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as plain JSON-ready values."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of a task's history, as ``Ledger.events`` returns it.
+
+    ``kind`` is ``"created"``, ``"task_transition"``, ``"delivery_transition"``
+    or ``"budget_granted"``. ``from_state`` and ``to_state`` are task
+    statuses, or delivery statuses for a delivery event (a creation has no
+    ``from_state``; a grant names the status it found). ``at`` is the
+    ledger clock's Unix time, ``code`` the reason code, ``worker`` the
+    worker the change was made for, and the ``granted_*`` amounts are set
+    on grants only.
+    """
+
+    kind: str
+    from_state: str | None
+    to_state: str
+    at: float
+    code: str | None
+    worker: str | None
+    granted_calls: int | None
+    granted_tokens: int | None
+    granted_cost_micros: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain JSON-ready values."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 

@@ -18,7 +18,7 @@ use crate::snapshot;
 use crate::store::{Durability, FileChanges, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
 use crate::tasks::{self, Clock, Fence, ListQuery, NewTask};
-use crate::{busy, charge, claim, objects};
+use crate::{busy, charge, claim, history, objects};
 
 /// One open ledger. Shareable across threads: the connection sits behind a
 /// mutex that is only ever taken with the interpreter detached.
@@ -324,6 +324,17 @@ impl LedgerCore {
         let id = convert::task_id(task_id)?;
         let row = self.run(py, |store, _| store.read(|tx| tasks::get(tx, &id)))?;
         objects::task(py, &row)
+    }
+
+    /// The task's events, oldest first, once they verify.
+    fn events<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let id = convert::task_id(task_id)?;
+        let events = self.run(py, |store, _| store.read(|tx| history::of_task(tx, &id)))?;
+        objects::event_list(py, &events)
     }
 
     fn children_of<'py>(

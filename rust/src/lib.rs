@@ -20,6 +20,7 @@ mod fork_guard;
 mod fsguard;
 mod fsm;
 mod held_files;
+mod history;
 mod index_audit;
 mod ledger;
 mod objects;

@@ -17,6 +17,7 @@ use pyo3::types::{PyBool, PyList, PyTuple};
 
 use crate::budget::Dimension;
 use crate::charge::Outcome;
+use crate::events::Event;
 use crate::fsm::{DeliveryStatus, TaskStatus, ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
 use crate::task::TaskRow;
 
@@ -213,6 +214,33 @@ pub fn task_list<'py>(py: Python<'py>, rows: &[TaskRow]) -> PyResult<Bound<'py, 
     let items = rows
         .iter()
         .map(|r| task(py, r))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// Events as a list of `taskwarden.models.Event` instances (a history is
+/// read rarely: built by keyword, no layout twin).
+pub fn event_list<'py>(py: Python<'py>, events: &[Event]) -> PyResult<Bound<'py, PyList>> {
+    let class = py.import("taskwarden.models")?.getattr("Event")?;
+    let items = events
+        .iter()
+        .map(|e| {
+            let fields = pyo3::types::PyDict::new(py);
+            let (calls, tokens, cost) = match e.grant {
+                Some((c, t, m)) => (Some(c), Some(t), Some(m)),
+                None => (None, None, None),
+            };
+            fields.set_item("kind", &e.kind)?;
+            fields.set_item("from_state", &e.from)?;
+            fields.set_item("to_state", &e.to)?;
+            fields.set_item("at", e.at)?;
+            fields.set_item("code", &e.code)?;
+            fields.set_item("worker", &e.worker)?;
+            fields.set_item("granted_calls", calls)?;
+            fields.set_item("granted_tokens", tokens)?;
+            fields.set_item("granted_cost_micros", cost)?;
+            class.call((), Some(&fields))
+        })
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, items)
 }
