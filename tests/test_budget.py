@@ -672,3 +672,35 @@ def test_release_of_a_task_that_is_not_running_is_a_conflict(ledger: Ledger) -> 
     with pytest.raises(StateConflict):
         ledger.release(task.id, "w")
     assert ledger.get_task(task.id).status == "succeeded"
+
+
+class IndexInt:
+    """An integer that is not an ``int`` (as ``numpy.int64`` is): it
+    converts through ``__index__`` alone."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+class BrokenIndex:
+    def __index__(self) -> int:
+        raise RuntimeError("no value")
+
+
+def test_integers_of_other_kinds_are_amounts(ledger: Ledger) -> None:
+    """Token counts often come from numpy or a tokenizer as integers that
+    are not ``int``: anything ``operator.index`` takes is an amount, under
+    the same rules (non-negative, 64-bit). A failing conversion is bad
+    input, never the conversion's own exception."""
+    task = ledger.create_task(llm_calls_budget=IndexInt(5), token_budget=IndexInt(10_000))
+    ledger.claim(task.id, "w")
+    charge = ledger.charge(task.id, tokens=IndexInt(1_200), cost_micros=IndexInt(7), worker="w")
+    assert (charge.allowed, charge.tokens_used, charge.cost_used_micros) == (True, 1_200, 7)
+    assert charge.calls_budget == 5 and charge.token_budget == 10_000
+    for bad in (IndexInt(-1), IndexInt(2**63), BrokenIndex()):
+        with pytest.raises(InvalidInput, match=r"^tokens must be a non-negative 64-bit integer$"):
+            ledger.charge(task.id, tokens=bad, worker="w")
+    assert ledger.budget(task.id).tokens_used == 1_200

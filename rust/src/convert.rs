@@ -116,8 +116,9 @@ pub fn opt_seconds(obj: Option<&Bound<'_, PyAny>>, name: &'static str) -> Result
     }
 }
 
-/// A non-negative signed 64-bit integer: an int, or a float with no
-/// fractional part; never a bool, a string, NaN or infinity. A refusal
+/// A non-negative signed 64-bit integer: an int, an integer of another
+/// kind (`__index__`, as `numpy.int64` token counts are), or a float with
+/// no fractional part; never a bool, a string, NaN or infinity. A refusal
 /// names the argument (`name`), never its value.
 pub fn amount(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<i64> {
     let bad = || Error::InvalidArgument(name, "must be a non-negative 64-bit integer");
@@ -133,6 +134,12 @@ pub fn amount(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<i64> {
             return Err(bad());
         }
         v as i64
+    } else if let Ok(index) = obj
+        .py()
+        .import("operator")
+        .and_then(|operator| operator.call_method1("index", (obj,)))
+    {
+        index.extract::<i64>().map_err(|_| bad())?
     } else {
         return Err(bad());
     };
