@@ -1280,3 +1280,32 @@ def test_a_call_flag_that_is_not_a_bool_is_named(tmp_path: Path, flag: str) -> N
         with pytest.raises(InvalidInput, match=rf"^{flag} must be bool$"):
             CALL_FLAGS[flag](ledger)
     assert logical_dump(path) == before
+
+
+# --------------------------------------------------------------------------
+# taskwarden's own arguments of one kind are told apart by name
+
+NAMED_REFUSALS: dict[str, tuple[Callable[[Ledger, str], Any], str]] = {
+    "expected": (lambda lg, t: lg.transition(t, expected="bogus", to="running"), "expected"),
+    "to": (lambda lg, t: lg.transition(t, expected="queued", to="bogus"), "to"),
+    "status": (lambda lg, t: lg.list_tasks(status="bogus"), "status"),
+    "tenant": (lambda lg, t: lg.list_tasks(tenant="a b"), "tenant"),
+    "owner": (lambda lg, t: lg.list_tasks(owner="a b"), "owner"),
+    "parent_id": (lambda lg, t: lg.list_tasks(parent_id="x"), "parent_id"),
+    "after": (lambda lg, t: lg.list_tasks(after="x"), "after"),
+    "worker_lost": (
+        lambda lg, t: lg.reconcile(
+            active_grace_seconds=1.0, delivery_grace_seconds=1.0, worker_lost="a b"
+        ),
+        "worker_lost",
+    ),
+}
+
+
+@pytest.mark.parametrize("argument", sorted(NAMED_REFUSALS))
+def test_a_refusal_names_which_argument_of_its_kind(argument: str) -> None:
+    call, name = NAMED_REFUSALS[argument]
+    with Ledger.in_memory() as mem:
+        task = mem.create_task()
+        with pytest.raises(InvalidInput, match=rf"^{name} (is not|must be) "):
+            call(mem, task.id)

@@ -154,6 +154,24 @@ pub fn opt_amount(obj: Option<&Bound<'_, PyAny>>, name: &'static str) -> Result<
     }
 }
 
+/// `converted`, with a refusal that names the argument and its rule: for
+/// taskwarden's own arguments, where several of one kind (two statuses, a
+/// tenant and a worker) would otherwise be refused in the same words. The
+/// compatible surface keeps the peer's wording.
+pub fn named<T>(converted: Result<T>, name: &'static str, rule: &'static str) -> Result<T> {
+    converted.map_err(|e| match e {
+        Error::Invalid(_) | Error::InvalidArgument(..) => Error::InvalidArgument(name, rule),
+        other => other,
+    })
+}
+
+/// The rule a refused status argument is given with [`named`].
+pub const STATUS_RULE: &str = "is not a task status";
+/// The rule a refused tenant or worker argument is given with [`named`].
+pub const NAME_RULE: &str = "must be 1-128 characters of [A-Za-z0-9._:@-]";
+/// The rule a refused task id argument is given with [`named`].
+pub const ID_RULE: &str = "must be a task id (a UUID)";
+
 /// A task status (or alias).
 pub fn task_status(obj: &Bound<'_, PyAny>) -> Result<TaskStatus> {
     TaskStatus::parse(&text(obj, "unknown task status")?)

@@ -426,8 +426,12 @@ impl LedgerCore {
         let policy = Policy {
             active_grace: convert::seconds(active_grace_seconds, "active_grace_seconds")?,
             delivery_grace: convert::seconds(delivery_grace_seconds, "delivery_grace_seconds")?,
-            worker_lost: convert::opt_name(worker_lost)?,
-            tenant: convert::opt_name(tenant)?,
+            worker_lost: convert::named(
+                convert::opt_name(worker_lost),
+                "worker_lost",
+                convert::NAME_RULE,
+            )?,
+            tenant: convert::named(convert::opt_name(tenant), "tenant", convert::NAME_RULE)?,
         };
         let report = self.run(py, |store, clock| {
             if dry_run {
@@ -499,7 +503,9 @@ impl LedgerCore {
         attempt: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
-        let (expected, to) = (convert::task_status(expected)?, convert::task_status(to)?);
+        use convert::{named, STATUS_RULE};
+        let expected = named(convert::task_status(expected), "expected", STATUS_RULE)?;
+        let to = named(convert::task_status(to), "to", STATUS_RULE)?;
         // As in close_task, a code for a terminal status is judged only when
         // written, so the same terminal status again ignores it (SPEC 2.2.1).
         let code = convert::opt_text(code, "reason code has an invalid format")?;
@@ -587,16 +593,15 @@ impl LedgerCore {
         limit: &Bound<'py, PyAny>,
         after: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
+        use convert::{named, ID_RULE, NAME_RULE, STATUS_RULE};
+        let status = status.filter(|s| !s.is_none()).map(convert::task_status);
         let query = ListQuery {
-            status: status
-                .filter(|s| !s.is_none())
-                .map(convert::task_status)
-                .transpose()?,
-            tenant: convert::opt_name(tenant)?,
-            owner: convert::opt_name(owner)?,
-            parent_id: convert::opt_task_id(parent_id)?,
+            status: named(status.transpose(), "status", STATUS_RULE)?,
+            tenant: named(convert::opt_name(tenant), "tenant", NAME_RULE)?,
+            owner: named(convert::opt_name(owner), "owner", NAME_RULE)?,
+            parent_id: named(convert::opt_task_id(parent_id), "parent_id", ID_RULE)?,
             limit: convert::page_size(limit)?,
-            after: convert::opt_task_id(after)?,
+            after: named(convert::opt_task_id(after), "after", ID_RULE)?,
         };
         let rows = self.run(py, |store, _| store.read(|tx| tasks::list(tx, &query)))?;
         objects::task_list(py, &rows)
