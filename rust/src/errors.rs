@@ -7,6 +7,9 @@ use std::fmt;
 
 use pyo3::PyErr;
 
+/// What [`Error::Corrupt`] says, wherever it is said.
+pub const CORRUPT_TEXT: &str = "database file is corrupt or not a ledger";
+
 /// Everything that can go wrong inside the core.
 #[derive(Debug)]
 pub enum Error {
@@ -49,7 +52,7 @@ impl fmt::Display for Error {
             Error::NotFound => f.write_str("task not found"),
             Error::Busy => f.write_str("ledger is busy: write lock not acquired in time"),
             Error::Full => f.write_str("storage is full: nothing was written"),
-            Error::Corrupt => f.write_str("database file is corrupt or not a ledger"),
+            Error::Corrupt => f.write_str(CORRUPT_TEXT),
             Error::Clock(err) => write!(f, "the clock raised {err}"),
             Error::Interrupted(err) => write!(f, "the lock wait was interrupted by {err}"),
         }

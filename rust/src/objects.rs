@@ -17,6 +17,7 @@ use pyo3::types::{PyBool, PyList, PyTuple};
 
 use crate::budget::Dimension;
 use crate::charge::Outcome;
+use crate::errors::Error;
 use crate::events::Event;
 use crate::fsm::{DeliveryStatus, TaskStatus, ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
 use crate::task::TaskRow;
@@ -88,9 +89,9 @@ impl Twin {
             .map(|f| f?.getattr("name")?.extract())
             .collect::<PyResult<_>>()?;
         if declared != fields {
-            return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
-                "taskwarden.models.{name} does not match the core's fields"
-            )));
+            return Err(
+                Error::Internal("taskwarden.models does not match the core's fields").into(),
+            );
         }
         Ok(Twin {
             record: module.getattr(format!("_{name}Record"))?.unbind(),
@@ -149,7 +150,7 @@ fn task_values<'py>(py: Python<'py>, m: &Models, t: &TaskRow) -> PyResult<[Bound
         .iter()
         .position(|d| *d == t.delivery_status);
     let (Some(status), Some(delivery)) = (status, delivery) else {
-        return Err(pyo3::exceptions::PyRuntimeError::new_err("unknown status"));
+        return Err(Error::Internal("unknown status").into());
     };
     Ok([
         t.id.as_str().into_pyobject(py)?.into_any(),

@@ -225,7 +225,7 @@ const OVER_CAP: Error = Error::Conflict(
 
 fn check_header(header: &[u8; 20]) -> Result<()> {
     if &header[..16] != b"SQLite format 3\0" {
-        return Err(Error::Conflict("database file is corrupt or not a ledger"));
+        return Err(Error::Corrupt);
     }
     if header[18] != 2 || header[19] != 2 {
         return Err(Error::Conflict("read-only snapshot requires WAL mode"));

@@ -465,7 +465,7 @@ impl Store {
     fn migrate_private_copy(&mut self) -> Result<()> {
         let refusal = match self.migrate(Gate::DoctorClean) {
             Err(Error::Conflict(why) | Error::Storage(why)) => why,
-            Err(Error::Corrupt) => "database file is corrupt or not a ledger",
+            Err(Error::Corrupt) => crate::errors::CORRUPT_TEXT,
             other => return other,
         };
         if let Backing::ReadOnly { legacy_refusal, .. } = &mut self.backing {
