@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import __version__
+from . import __version__, _core
 from ._fleet_cli import (
     FLEET_COMMANDS,
     add_fence,
@@ -42,6 +42,8 @@ EXIT_INTERRUPTED = 130  # the shell's code for a command stopped by SIGINT
 
 # "completed" is the accepted alias of "succeeded".
 _TERMINAL = [s.value for s in TaskStatus if s.is_terminal] + ["completed"]
+# The read-only copy's default cap, as the core has it, in MiB.
+_DEFAULT_SNAPSHOT_MIB = _core.DEFAULT_SNAPSHOT_MAX_BYTES >> 20
 # The largest --snapshot-max-mib whose byte count the core can hold.
 _MAX_SNAPSHOT_MIB = (2**63 - 1) >> 20
 _DELIVERY = [s.value for s in DeliveryStatus if s is not DeliveryStatus.PENDING]
@@ -85,6 +87,19 @@ def _common() -> argparse.ArgumentParser:
         "--db", metavar="PATH", default=argparse.SUPPRESS, help="path of the ledger file"
     )
     return common
+
+
+def _add_snapshot_cap(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--snapshot-max-mib",
+        type=int,
+        default=_DEFAULT_SNAPSHOT_MIB,
+        help=f"{what} (default {_DEFAULT_SNAPSHOT_MIB})",
+    )
+
+
+def _snapshot_bytes(args: argparse.Namespace) -> int:
+    return int(args.snapshot_max_mib) * 1024 * 1024
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
@@ -181,12 +196,7 @@ def _add_recovery(
         "all tasks: give large ones to act on this worker's alone)",
     )
     rec.add_argument("--tenant", help="only this tenant's tasks")
-    rec.add_argument(
-        "--snapshot-max-mib",
-        type=int,
-        default=64,
-        help="largest file a dry run copies into memory (default 64)",
-    )
+    _add_snapshot_cap(rec, "largest file a dry run copies into memory")
     sub.add_parser(
         "doctor",
         parents=[common, reading],
@@ -205,12 +215,7 @@ def _add_recovery(
         "--dry-run", action="store_true", help="read-only preview: counts, nothing written"
     )
     purge.add_argument("--tenant", help="only this tenant's trees")
-    purge.add_argument(
-        "--snapshot-max-mib",
-        type=int,
-        default=64,
-        help="largest file a dry run copies into memory (default 64)",
-    )
+    _add_snapshot_cap(purge, "largest file a dry run copies into memory")
     stats = sub.add_parser(
         "stats", parents=[common, reading], help="counts by status, delivery, tenant"
     )
@@ -259,12 +264,10 @@ def _reading() -> argparse.ArgumentParser:
         help="never create, migrate or touch the file (a closed file is read from a "
         "private copy, one another process has open in place)",
     )
-    reading.add_argument(
-        "--snapshot-max-mib",
-        type=int,
-        default=64,
-        help="largest file read through a private copy: with --read-only, "
-        "and a task-state-guard file always (default 64)",
+    _add_snapshot_cap(
+        reading,
+        "largest file read through a private copy: with --read-only, "
+        "and a task-state-guard file always",
     )
     return reading
 
@@ -279,7 +282,7 @@ def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) 
         return Ledger.in_memory(busy_timeout_ms=args.busy_timeout_ms)
     if getattr(args, "read_only", False):
         read_only = True
-        options["snapshot_max_bytes"] = args.snapshot_max_mib * 1024 * 1024
+        options["snapshot_max_bytes"] = _snapshot_bytes(args)
     elif hasattr(args, "read_only") and not read_only:
         return _open_for_reading(args, **options)
     return Ledger(
@@ -310,7 +313,7 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
         # The copy's refusal is the one to report: it is why the file
         # cannot be read (a task-state-guard file over the copy's cap, say).
         try:
-            return opened(read_only=True, snapshot_max_bytes=args.snapshot_max_mib * 1024 * 1024)
+            return opened(read_only=True, snapshot_max_bytes=_snapshot_bytes(args))
         except LedgerError as unreadable:
             raise unreadable from refused
 
@@ -384,7 +387,7 @@ def _cmd_delivery(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
-    options = {"snapshot_max_bytes": args.snapshot_max_mib * 1024 * 1024}
+    options = {"snapshot_max_bytes": _snapshot_bytes(args)}
     with _open(args, read_only=args.dry_run, **options) as ledger:
         report = ledger.reconcile(
             active_grace_seconds=args.active_grace_seconds,
@@ -430,7 +433,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def _cmd_purge(args: argparse.Namespace) -> dict[str, Any]:
-    options = {"snapshot_max_bytes": args.snapshot_max_mib * 1024 * 1024} if args.dry_run else {}
+    options = {"snapshot_max_bytes": _snapshot_bytes(args)} if args.dry_run else {}
     with _open(args, read_only=args.dry_run, **options) as ledger:
         report = ledger.purge(
             older_than_seconds=args.older_than_seconds, dry_run=args.dry_run, tenant=args.tenant
