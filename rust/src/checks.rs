@@ -218,4 +218,96 @@ mod tests {
         assert!(!row_violates(&conn, Table::Events, 99)?, "no row");
         Ok(())
     }
+
+    /// Whitespace folded, and one pair of parentheses around the whole
+    /// expression dropped: the DDL and the lists here lay them out apart.
+    fn folded(expr: &str) -> String {
+        let flat = expr.split_whitespace().collect::<Vec<_>>().join(" ");
+        let flat = flat.replace("( ", "(").replace(" )", ")");
+        let inner = flat
+            .strip_prefix('(')
+            .and_then(|e| e.strip_suffix(')'))
+            .filter(|e| depth_never_closes(e));
+        inner.map_or(flat.clone(), str::to_owned)
+    }
+
+    /// True when no `)` in `expr` closes a `(` opened before it.
+    fn depth_never_closes(expr: &str) -> bool {
+        let mut depth = 0i32;
+        expr.chars().all(|c| {
+            depth += match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+            depth >= 0
+        })
+    }
+
+    /// The top-level `AND` clauses of `expr`.
+    fn clauses(expr: &str) -> Vec<String> {
+        let flat = expr.split_whitespace().collect::<Vec<_>>().join(" ");
+        let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+        let bytes = flat.as_bytes();
+        for (i, c) in flat.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                // (Every `BETWEEN .. AND ..` sits inside parentheses.)
+                _ if depth == 0 && bytes[i..].starts_with(b" AND ") => {
+                    out.push(folded(&flat[start..i]));
+                    start = i + 5;
+                }
+                _ => {}
+            }
+        }
+        out.push(folded(&flat[start..]));
+        out
+    }
+
+    /// Every `CHECK (...)` expression of `table`'s statement in the DDL.
+    fn ddl_checks(table: &str) -> Vec<String> {
+        let ddl = crate::schema::DDL;
+        let start = ddl
+            .find(&format!("CREATE TABLE {table} ("))
+            .expect("table in DDL");
+        let end = ddl[start..].find(");").map_or(ddl.len(), |e| start + e);
+        let statement = &ddl[start..end];
+        let mut out = Vec::new();
+        let mut rest = statement;
+        while let Some(at) = rest.find("CHECK (") {
+            let body = &rest[at + "CHECK ".len()..];
+            let mut depth = 0;
+            let close = body
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += match c {
+                        '(' => 1,
+                        ')' => -1,
+                        _ => 0,
+                    };
+                    depth == 0
+                })
+                .map(|(i, _)| i)
+                .expect("balanced CHECK");
+            out.push(folded(&body[..=close]));
+            rest = &body[close..];
+        }
+        out
+    }
+
+    /// The lists doctor judges by are the DDL's CHECKs, no more and no
+    /// fewer: a schema change to one side only fails here.
+    #[test]
+    fn the_check_lists_are_the_ddl_s() {
+        let mut ours = clauses(TASK_CHECKS);
+        let mut theirs = ddl_checks("tasks");
+        ours.sort();
+        theirs.sort();
+        assert_eq!(ours, theirs);
+        let (mut ours, mut theirs) = (clauses(EVENT_CHECKS), ddl_checks("task_events"));
+        ours.sort();
+        theirs.sort();
+        assert_eq!(ours, theirs);
+    }
 }
