@@ -18,7 +18,7 @@ from typing import Any
 from .errors import InvalidInput
 from .ledger import Ledger
 
-__all__ = ["ACTIVE_GRACE", "DELIVERY_GRACE", "run_demo"]
+__all__ = ["ACTIVE_GRACE", "DELIVERY_GRACE", "explain", "run_demo"]
 
 ACTIVE_GRACE = 600.0
 DELIVERY_GRACE = 86_400.0

@@ -46,8 +46,9 @@ class Task:
     """One task as stored, at the moment it was read.
 
     The first sixteen fields are task-state-guard 0.1.0's, in its order; the
-    rest are taskwarden's owner, attempt and budget fields. ``None`` budgets
-    are unlimited. ``park_code`` says why a blocked or escalated task waits.
+    rest are taskwarden's: tenant, owner, park code, attempts and budget.
+    ``None`` budgets are unlimited. ``park_code`` says why a blocked or
+    escalated task waits.
     """
 
     id: str

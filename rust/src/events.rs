@@ -17,7 +17,8 @@ pub type Hash = [u8; 32];
 /// The hash a chain starts from (before a task's first event).
 pub const GENESIS: Hash = [0; 32];
 
-/// Event kinds as stored.
+// Event kinds as stored.
+/// A task was created.
 pub const CREATED: &str = "created";
 /// A change of task status.
 pub const TASK_TRANSITION: &str = "task_transition";

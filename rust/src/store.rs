@@ -1,7 +1,8 @@
 //! The storage boundary: opening a ledger (writable, read-only or in
 //! memory), its pragmas and schema, and the transaction helpers every
-//! operation runs in. Only this module and the SQL modules below it know
-//! the ledger is SQLite.
+//! operation runs in. Only this module and the SQL modules it runs (the
+//! domain modules, through the transactions it hands them) know the ledger
+//! is SQLite.
 
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
