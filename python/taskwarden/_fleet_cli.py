@@ -19,6 +19,7 @@ __all__ = [
     "codes_help",
     "fleet_command",
     "given",
+    "task_answer",
 ]
 
 Opener = Callable[[argparse.Namespace], Ledger]
@@ -104,7 +105,9 @@ def add_fleet_commands(
     lst.add_argument("--after", help="the last id of the previous page (a task that still exists)")
 
 
-def _task(task: Any) -> dict[str, Any]:
+def task_answer(task: Any) -> dict[str, Any]:
+    """A command's answer about one task (``None`` where no task moved: a
+    claim of a task that is not queued)."""
     return {"ok": True, "task": None if task is None else task.to_dict()}
 
 
@@ -117,83 +120,63 @@ def given(**options: Any) -> dict[str, Any]:
     return {name: value for name, value in options.items() if value is not None}
 
 
-def _run(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
-    c = args.command
-    if c == "claim":
-        return _task(ledger.claim(args.task_id, args.worker))
-    if c == "claim-next":
-        return _tasks(ledger.claim_next(args.worker, tenant=args.tenant, limit=args.limit))
-    if c == "release":
-        return _task(ledger.release(args.task_id, args.worker, attempt=args.attempt))
-    if c in ("charge", "budget"):
-        if c == "budget":
-            result = ledger.budget(args.task_id)
-        else:
-            result = ledger.charge(
-                args.task_id,
-                calls=args.calls,
-                tokens=args.tokens,
-                cost_micros=args.cost_micros,
-                worker=args.worker,
-                attempt=args.attempt,
-            )
-        return {"ok": True, "charge": result.to_dict()}
-    if c == "grant":
-        return _task(
-            ledger.grant(
-                args.task_id, calls=args.calls, tokens=args.tokens, cost_micros=args.cost_micros
-            )
+Run = Callable[[argparse.Namespace, Ledger], dict[str, Any]]
+
+
+def _charge(result: Any) -> dict[str, Any]:
+    return {"ok": True, "charge": result.to_dict()}
+
+
+def _park(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
+    park = ledger.block if args.command == "block" else ledger.escalate
+    typed = given(code=args.code)
+    return task_answer(park(args.task_id, worker=args.worker, attempt=args.attempt, **typed))
+
+
+# Each fleet command's call on an open ledger, by command name.
+_RUNS: dict[str, Run] = {
+    "claim": lambda a, lg: task_answer(lg.claim(a.task_id, a.worker)),
+    "claim-next": lambda a, lg: _tasks(lg.claim_next(a.worker, tenant=a.tenant, limit=a.limit)),
+    "release": lambda a, lg: task_answer(lg.release(a.task_id, a.worker, attempt=a.attempt)),
+    "charge": lambda a, lg: _charge(
+        lg.charge(
+            a.task_id,
+            calls=a.calls,
+            tokens=a.tokens,
+            cost_micros=a.cost_micros,
+            worker=a.worker,
+            attempt=a.attempt,
         )
-    if c == "transition":
-        return _task(
-            ledger.transition(
-                args.task_id,
-                args.expected,
-                args.to,
-                code=args.code,
-                worker=args.worker,
-                attempt=args.attempt,
-            )
+    ),
+    "budget": lambda a, lg: _charge(lg.budget(a.task_id)),
+    "grant": lambda a, lg: task_answer(
+        lg.grant(a.task_id, calls=a.calls, tokens=a.tokens, cost_micros=a.cost_micros)
+    ),
+    "transition": lambda a, lg: task_answer(
+        lg.transition(a.task_id, a.expected, a.to, code=a.code, worker=a.worker, attempt=a.attempt)
+    ),
+    "block": _park,
+    "escalate": _park,
+    "requeue": lambda a, lg: task_answer(lg.requeue(a.task_id)),
+    "cancel": lambda a, lg: task_answer(lg.cancel(a.task_id)),
+    "list": lambda a, lg: _tasks(
+        lg.list_tasks(
+            status=a.status,
+            tenant=a.tenant,
+            owner=a.owner,
+            parent_id=a.parent_id,
+            limit=a.limit,
+            after=a.after,
         )
-    if c in ("block", "escalate"):
-        park = ledger.block if c == "block" else ledger.escalate
-        typed = given(code=args.code)
-        return _task(park(args.task_id, worker=args.worker, attempt=args.attempt, **typed))
-    if c == "requeue":
-        return _task(ledger.requeue(args.task_id))
-    if c == "cancel":
-        return _task(ledger.cancel(args.task_id))
-    return _tasks(
-        ledger.list_tasks(
-            status=args.status,
-            tenant=args.tenant,
-            owner=args.owner,
-            parent_id=args.parent_id,
-            limit=args.limit,
-            after=args.after,
-        )
-    )
+    ),
+}
+
+FLEET_COMMANDS = tuple(_RUNS)
 
 
 def _command(args: argparse.Namespace, opener: Opener) -> dict[str, Any]:
     with opener(args) as ledger:
-        return _run(args, ledger)
-
-
-FLEET_COMMANDS = (
-    "claim",
-    "claim-next",
-    "release",
-    "charge",
-    "budget",
-    "grant",
-    "transition",
-    "block",
-    "escalate",
-    "requeue",
-    "cancel",
-    "list",
-)
+        return _RUNS[args.command](args, ledger)
 
 
 def fleet_command(opener: Opener) -> Callable[[argparse.Namespace], dict[str, Any]]:

@@ -28,6 +28,7 @@ from ._fleet_cli import (
     codes_help,
     fleet_command,
     given,
+    task_answer,
 )
 from ._output import emit
 from .compat import DELIVERY_REASON_CODES, TASK_REASON_CODES
@@ -318,10 +319,6 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
             raise unreadable from refused
 
 
-def _task(task: Any) -> dict[str, Any]:
-    return {"ok": True, "task": task.to_dict()}
-
-
 def _cmd_init(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
         return {"ok": True, "storage": ledger.storage_info()}
@@ -329,7 +326,7 @@ def _cmd_init(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_create(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
-        return _task(
+        return task_answer(
             ledger.create_task(
                 task_id=args.task_id,
                 parent_id=args.parent_id,
@@ -354,12 +351,12 @@ def _calls_budget(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_start(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
-        return _task(ledger.start_task(args.task_id))
+        return task_answer(ledger.start_task(args.task_id))
 
 
 def _cmd_get(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
-        return _task(ledger.get_task(args.task_id))
+        return task_answer(ledger.get_task(args.task_id))
 
 
 def _cmd_events(args: argparse.Namespace) -> dict[str, Any]:
@@ -369,12 +366,12 @@ def _cmd_events(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_heartbeat(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
-        return _task(ledger.heartbeat(args.task_id, worker=args.worker, attempt=args.attempt))
+        return task_answer(ledger.heartbeat(args.task_id, worker=args.worker, attempt=args.attempt))
 
 
 def _cmd_close(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
-        return _task(
+        return task_answer(
             ledger.close_task(
                 args.task_id, args.status, code=args.code, worker=args.worker, attempt=args.attempt
             )
@@ -383,7 +380,7 @@ def _cmd_close(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_delivery(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
-        return _task(ledger.set_delivery(args.task_id, args.status, code=args.code))
+        return task_answer(ledger.set_delivery(args.task_id, args.status, code=args.code))
 
 
 def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
