@@ -10,6 +10,8 @@ SCHEMA_VERSION: int
 DEFAULT_SNAPSHOT_MAX_BYTES: int
 REASON_CODES: tuple[str, ...]
 TRANSITIONS: dict[str, tuple[str, ...]]
+TERMINAL_STATUSES: tuple[str, ...]
+STATUS_ALIASES: dict[str, str]
 TASK_REASON_CODES: dict[str, tuple[str, ...]]
 DELIVERY_REASON_CODES: dict[str, tuple[str, ...]]
 

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from . import _core
 from .compat import TASK_REASON_CODES
 from .ledger import Ledger
 from .models import TaskStatus
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 Opener = Callable[[argparse.Namespace], Ledger]
-_STATUSES = [s.value for s in TaskStatus] + ["pending", "in_progress", "completed"]
+_STATUSES = [s.value for s in TaskStatus] + list(_core.STATUS_ALIASES)
 
 
 def add_task_id(parser: argparse.ArgumentParser) -> None:

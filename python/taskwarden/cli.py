@@ -41,8 +41,10 @@ __all__ = ["build_parser", "main"]
 EXIT_OK, EXIT_UNHEALTHY, EXIT_LEDGER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command stopped by SIGINT
 
-# "completed" is the accepted alias of "succeeded".
-_TERMINAL = [s.value for s in TaskStatus if s.is_terminal] + ["completed"]
+# The terminal statuses, and the aliases of any of them ("completed").
+_TERMINAL = [s.value for s in TaskStatus if s.is_terminal] + [
+    alias for alias, to in _core.STATUS_ALIASES.items() if TaskStatus(to).is_terminal
+]
 # The read-only copy's default cap, as the core has it, in MiB.
 _DEFAULT_SNAPSHOT_MIB = _core.DEFAULT_SNAPSHOT_MAX_BYTES >> 20
 # The largest --snapshot-max-mib whose byte count the core can hold.

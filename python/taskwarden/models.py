@@ -6,6 +6,8 @@ from dataclasses import dataclass, fields, make_dataclass
 from enum import StrEnum
 from typing import Any
 
+from . import _core
+
 __all__ = ["Charge", "DeliveryStatus", "Event", "ReconcilePolicy", "Task", "TaskStatus"]
 
 
@@ -27,9 +29,8 @@ class TaskStatus(StrEnum):
         return self in _TERMINAL
 
 
-_TERMINAL = frozenset(
-    {TaskStatus.SUCCEEDED, TaskStatus.FAILED, TaskStatus.TIMED_OUT, TaskStatus.CANCELLED}
-)
+# The core's table, as it judges statuses.
+_TERMINAL = frozenset(TaskStatus(s) for s in _core.TERMINAL_STATUSES)
 
 
 class DeliveryStatus(StrEnum):

@@ -46,17 +46,16 @@ impl TaskStatus {
 
     /// Parses a caller's status, accepting the `@sockt/fsm` aliases.
     pub fn parse(raw: &str) -> Result<TaskStatus> {
-        Ok(match raw {
-            "queued" | "pending" => TaskStatus::Queued,
-            "running" | "in_progress" => TaskStatus::Running,
-            "blocked" => TaskStatus::Blocked,
-            "escalated" => TaskStatus::Escalated,
-            "succeeded" | "completed" => TaskStatus::Succeeded,
-            "failed" => TaskStatus::Failed,
-            "timed_out" => TaskStatus::TimedOut,
-            "cancelled" => TaskStatus::Cancelled,
-            _ => return Err(Error::Invalid("unknown task status")),
-        })
+        ALL_TASK_STATUSES
+            .into_iter()
+            .find(|s| s.as_str() == raw)
+            .or_else(|| {
+                STATUS_ALIASES
+                    .iter()
+                    .find(|(a, _)| *a == raw)
+                    .map(|(_, s)| *s)
+            })
+            .ok_or(Error::Invalid("unknown task status"))
     }
 
     /// Parses a stored status: only canonical names are valid on disk.
@@ -148,6 +147,13 @@ pub fn can_transition(from: TaskStatus, to: TaskStatus) -> bool {
         _ => false,
     }
 }
+
+/// The `@sockt/fsm` names a caller may give for a status.
+pub const STATUS_ALIASES: [(&str, TaskStatus); 3] = [
+    ("pending", TaskStatus::Queued),
+    ("in_progress", TaskStatus::Running),
+    ("completed", TaskStatus::Succeeded),
+];
 
 /// Every registered reason code: the peer's twelve and taskwarden's nine.
 pub const REASON_CODES: [&str; 21] = [

@@ -69,6 +69,17 @@ mod _core {
             table.set_item(from.as_str(), PyTuple::new(py, targets)?)?;
         }
         m.add("TRANSITIONS", table)?;
+        let terminal = crate::fsm::ALL_TASK_STATUSES
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .map(crate::fsm::TaskStatus::as_str)
+            .collect::<Vec<_>>();
+        m.add("TERMINAL_STATUSES", PyTuple::new(py, terminal)?)?;
+        let aliases = PyDict::new(py);
+        for (alias, status) in crate::fsm::STATUS_ALIASES {
+            aliases.set_item(alias, status.as_str())?;
+        }
+        m.add("STATUS_ALIASES", aliases)?;
         // The codes a caller may give for each target, as the core checks.
         let task_codes = PyDict::new(py);
         for to in crate::fsm::ALL_TASK_STATUSES {
