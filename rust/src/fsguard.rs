@@ -373,7 +373,8 @@ pub fn verify_wal_name(path: &DbPath, wal: &File) -> Result<()> {
     }
 }
 
-fn sidecar(path: &DbPath, suffix: &str) -> PathBuf {
+/// The name of the ledger's sidecar with `suffix` (`-wal`, `-shm`, ...).
+pub fn sidecar(path: &DbPath, suffix: &str) -> PathBuf {
     let mut name = path.file.as_os_str().to_owned();
     name.push(suffix);
     PathBuf::from(name)

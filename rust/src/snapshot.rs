@@ -134,15 +134,15 @@ impl Read for HashingReader {
         let len = buf.len().min(CHUNK);
         let n = self.file.file().read_at(&mut buf[..len], self.offset)?;
         self.hasher.update(&buf[..n])?;
-        for (i, byte) in buf[..n].iter_mut().enumerate() {
+        for (i, byte) in buf[..n].iter().enumerate() {
             let at = self.offset + i as u64;
             if at >= 20 {
                 break;
             }
             self.header[at as usize] = *byte;
-            if self.patch_header && (at == 18 || at == 19) {
-                *byte = 1;
-            }
+        }
+        if self.patch_header {
+            as_rollback_journal(&mut buf[..n], self.offset);
         }
         self.offset += n as u64;
         Ok(n)
@@ -223,6 +223,19 @@ const OVER_CAP: Error = Error::Conflict(
     "database exceeds the read-only snapshot cap (snapshot_max_bytes, CLI --snapshot-max-mib)",
 );
 
+/// Header bytes 18 and 19 (the file format's write and read versions) are
+/// 2 in a WAL-mode file; SQLite cannot load such an image into memory, so a
+/// private copy says rollback journal (1) there. `chunk` holds the file's
+/// bytes from `offset` on; only the two header bytes in it change.
+fn as_rollback_journal(chunk: &mut [u8], offset: u64) {
+    for at in [18u64, 19] {
+        let inside = at.checked_sub(offset).and_then(|i| usize::try_from(i).ok());
+        if let Some(byte) = inside.and_then(|i| chunk.get_mut(i)) {
+            *byte = 1;
+        }
+    }
+}
+
 fn check_header(header: &[u8; 20]) -> Result<()> {
     if &header[..16] != b"SQLite format 3\0" {
         return Err(Error::Corrupt);
@@ -270,13 +283,29 @@ pub fn copy_of(conn: &mut Connection, max_bytes: u64) -> Result<Connection> {
         return Err(OVER_CAP);
     }
     let mut image = conn.serialize(MAIN_DB)?.to_vec();
-    // As in `load`: SQLite cannot load a WAL-mode image into memory until
-    // its header says rollback journal.
-    if image.len() >= 20 {
-        image[18] = 1;
-        image[19] = 1;
-    }
+    as_rollback_journal(&mut image, 0);
     let mut copy = Connection::open_in_memory()?;
     copy.deserialize_read_exact(MAIN_DB, &image[..], image.len(), false)?;
     Ok(copy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::as_rollback_journal;
+
+    #[test]
+    fn only_the_two_format_bytes_change_wherever_the_chunk_starts() {
+        let mut whole = [2u8; 24];
+        as_rollback_journal(&mut whole, 0);
+        assert_eq!(&whole[16..20], &[2, 2, 1, 1]);
+        assert_eq!(whole[20], 2);
+        // A read that ends inside the header, and the read after it.
+        let (mut head, mut tail) = ([2u8; 19], [2u8; 5]);
+        as_rollback_journal(&mut head, 0);
+        as_rollback_journal(&mut tail, 19);
+        assert_eq!((head[18], tail[0], tail[1]), (1, 1, 2));
+        let mut later = [2u8; 8];
+        as_rollback_journal(&mut later, 20);
+        assert_eq!(later, [2u8; 8]);
+    }
 }

@@ -902,11 +902,9 @@ impl Store {
     #[must_use]
     pub fn file_sizes(&self) -> Option<(u64, u64)> {
         // The file as it is now, read-only or not: sizes touch nothing.
-        let file = &self.on_disk()?.0.file;
+        let path = self.on_disk()?.0;
         let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
-        let mut wal = file.as_os_str().to_owned();
-        wal.push("-wal");
-        Some((size(file), size(std::path::Path::new(&wal))))
+        Some((size(&path.file), size(&fsguard::sidecar(path, "-wal"))))
     }
 
     /// Closes the connection without the checkpoint (and WAL removal) of a
