@@ -91,9 +91,40 @@ pub fn spent(used: Usage, limits: Limits) -> Option<Dimension> {
     .map(|(d, _, _)| d)
 }
 
+/// What is left of each limited dimension (`Charge.*_remaining`): the
+/// task's own limit minus its own use (SPEC 2.2.1), `None` where unlimited.
+/// Never an overflow, even for a damaged row.
+#[must_use]
+pub fn remaining(used: Usage, limits: Limits) -> Limits {
+    let left = |limit: Option<i64>, used: i64| limit.map(|l| l.saturating_sub(used));
+    Limits {
+        calls: left(limits.calls, used.calls),
+        tokens: left(limits.tokens, used.tokens),
+        cost_micros: left(limits.cost_micros, used.cost_micros),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remaining_is_the_limit_less_the_use_and_never_wraps() {
+        let limits = Limits {
+            calls: Some(25),
+            tokens: None,
+            cost_micros: Some(i64::MAX),
+        };
+        let left = remaining(usage(3, i64::MAX, 0), limits);
+        assert_eq!(left.calls, Some(22));
+        assert_eq!(left.tokens, None);
+        assert_eq!(left.cost_micros, Some(i64::MAX));
+        let damaged = remaining(usage(i64::MIN, 0, -1), limits);
+        assert_eq!(
+            (damaged.calls, damaged.cost_micros),
+            (Some(i64::MAX), Some(i64::MAX))
+        );
+    }
 
     fn usage(calls: i64, tokens: i64, cost_micros: i64) -> Usage {
         Usage {

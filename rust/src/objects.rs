@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyList, PyTuple};
 
-use crate::budget::Dimension;
+use crate::budget::{self, Dimension};
 use crate::charge::Outcome;
 use crate::errors::Error;
 use crate::events::Event;
@@ -192,20 +192,20 @@ pub fn task<'py>(py: Python<'py>, t: &TaskRow) -> PyResult<Bound<'py, PyAny>> {
 /// A charge outcome as a `Charge` instance.
 pub fn charge<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, PyAny>> {
     let t = &o.task;
-    let remaining = |limit: Option<i64>, used: i64| limit.map(|l| l.saturating_sub(used));
+    let left = budget::remaining(t.usage, t.limits);
     let values: [Bound<'py, PyAny>; 12] = [
         PyBool::new(py, o.allowed).to_owned().into_any(),
         PyBool::new(py, o.escalated).to_owned().into_any(),
         o.exhausted.map(Dimension::as_str).into_pyobject(py)?,
         t.usage.calls.into_pyobject(py)?.into_any(),
         t.limits.calls.into_pyobject(py)?,
-        remaining(t.limits.calls, t.usage.calls).into_pyobject(py)?,
+        left.calls.into_pyobject(py)?,
         t.usage.tokens.into_pyobject(py)?.into_any(),
         t.limits.tokens.into_pyobject(py)?,
-        remaining(t.limits.tokens, t.usage.tokens).into_pyobject(py)?,
+        left.tokens.into_pyobject(py)?,
         t.usage.cost_micros.into_pyobject(py)?.into_any(),
         t.limits.cost_micros.into_pyobject(py)?,
-        remaining(t.limits.cost_micros, t.usage.cost_micros).into_pyobject(py)?,
+        left.cost_micros.into_pyobject(py)?,
     ];
     models(py)?.charge.make(py, PyTuple::new(py, values)?)
 }
