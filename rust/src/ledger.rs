@@ -170,14 +170,6 @@ impl Drop for OwnCall {
     }
 }
 
-/// A code argument after conversion: `None` when it was not text.
-fn caller_code(converted: Option<&Option<String>>) -> tasks::CallerCode<'_> {
-    match converted {
-        Some(code) => tasks::CallerCode::Given(code.as_deref()),
-        None => tasks::CallerCode::NotText,
-    }
-}
-
 /// The busy timeout, judged alike for file and in-memory ledgers: an int
 /// only, as the peer takes it (a float such as 5.0 is refused), and at
 /// most what SQLite takes (a C int of milliseconds).
@@ -388,7 +380,14 @@ impl LedgerCore {
         let code = convert::opt_text(code, "reason code has an invalid format").ok();
         let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {
-            tasks::close(tx, &id, to, caller_code(code.as_ref()), &fence, clock)
+            tasks::close(
+                tx,
+                &id,
+                to,
+                tasks::CallerCode::from_converted(code.as_ref()),
+                &fence,
+                clock,
+            )
         })
     }
 
@@ -407,7 +406,13 @@ impl LedgerCore {
         }
         let code = convert::opt_text(code, "reason code has an invalid format").ok();
         self.write_task(py, |tx, clock| {
-            tasks::set_delivery(tx, &id, to, caller_code(code.as_ref()), clock)
+            tasks::set_delivery(
+                tx,
+                &id,
+                to,
+                tasks::CallerCode::from_converted(code.as_ref()),
+                clock,
+            )
         })
     }
 

@@ -432,6 +432,15 @@ pub enum CallerCode<'a> {
 }
 
 impl<'a> CallerCode<'a> {
+    /// A code argument after conversion: `None` when it was not text.
+    #[must_use]
+    pub fn from_converted(converted: Option<&'a Option<String>>) -> CallerCode<'a> {
+        match converted {
+            Some(code) => CallerCode::Given(code.as_deref()),
+            None => CallerCode::NotText,
+        }
+    }
+
     fn judged(self) -> Result<Option<&'a str>> {
         match self {
             CallerCode::Given(code) => Ok(code),
@@ -554,7 +563,7 @@ pub fn deliver(
 
 /// Default and allowed codes for a caller-driven status change: the code
 /// the ledger writes when none is given, and the check of a given one.
-fn caller_code(
+fn code_for_move(
     from: TaskStatus,
     to: TaskStatus,
     code: Option<&str>,
@@ -618,7 +627,7 @@ pub fn compare_and_set(
             "transition is not allowed from the current status",
         ));
     }
-    let code = caller_code(task.status, to, code, fence.worker.as_deref())?;
+    let code = code_for_move(task.status, to, code, fence.worker.as_deref())?;
     if task.status == TaskStatus::Queued && to == TaskStatus::Running {
         // A claim: the worker becomes the owner, so only the attempt the
         // caller expects is compared.
