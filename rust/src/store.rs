@@ -268,23 +268,13 @@ impl Store {
             ));
         }
         let conn = open_writable(&path)?;
-        let mut store = Store {
-            conn,
-            wal: None,
-            file_lease: Some(lease),
-            names_checked: None,
-            backing: Backing::File {
-                path: path.clone(),
-                identity,
-                euid: opts.euid,
-            },
-            busy_timeout_ms: opts.busy_timeout_ms,
-            interruption: interruption.clone(),
-            waits: busy::Waits::default(),
-            probing: busy::Probing::default(),
-            turnstile: Turnstile::default(),
-            durability: opts.durability,
+        let backing = Backing::File {
+            path: path.clone(),
+            identity,
+            euid: opts.euid,
         };
+        let timing = (opts.busy_timeout_ms, opts.durability);
+        let mut store = Store::new(conn, backing, Some(lease), timing, interruption.clone());
         store.configure()?;
         store.conn.pragma_update(None, "page_size", PAGE_SIZE)?;
         store.prepare_file_with_retries(opts.busy_timeout_ms, opts.may.migrate)?;
@@ -323,19 +313,15 @@ impl Store {
 
     /// A private in-memory ledger for tests.
     pub fn in_memory(busy_timeout_ms: u32) -> Result<Store> {
-        let mut store = Store {
-            conn: Connection::open_in_memory()?,
-            wal: None,
-            file_lease: None,
-            names_checked: None,
-            backing: Backing::Memory,
-            busy_timeout_ms,
-            interruption: busy::Interruption::default(),
-            waits: busy::Waits::default(),
-            probing: busy::Probing::default(),
-            turnstile: Turnstile::default(),
-            durability: Durability::Normal,
-        };
+        let conn = Connection::open_in_memory()?;
+        let timing = (busy_timeout_ms, Durability::Normal);
+        let mut store = Store::new(
+            conn,
+            Backing::Memory,
+            None,
+            timing,
+            busy::Interruption::default(),
+        );
         store.configure()?;
         store.settle_schema()?;
         Ok(store)
@@ -380,34 +366,17 @@ impl Store {
                 "memory",
             ),
         };
-        let mut store = Store {
-            conn,
-            wal: None,
-            file_lease: Some(lease),
-            names_checked: None,
-            backing: Backing::ReadOnly {
-                journal_mode,
-                path,
-                identity,
-                euid: opts.euid,
-                peer_version: None,
-                legacy_refusal: None,
-            },
-            busy_timeout_ms: opts.busy_timeout_ms,
-            interruption: interruption.clone(),
-            waits: busy::Waits::default(),
-            probing: busy::Probing::default(),
-            turnstile: Turnstile::default(),
-            durability: opts.durability,
+        let backing = Backing::ReadOnly {
+            journal_mode,
+            path,
+            identity,
+            euid: opts.euid,
+            peer_version: None,
+            legacy_refusal: None,
         };
-        busy::install(
-            &mut store.conn,
-            opts.busy_timeout_ms,
-            &store.interruption,
-            &store.waits,
-            &store.probing,
-            &store.turnstile,
-        )?;
+        let timing = (opts.busy_timeout_ms, opts.durability);
+        let mut store = Store::new(conn, backing, Some(lease), timing, interruption.clone());
+        store.install_busy_handler()?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
         // Nothing is committed here; set only so `storage_info` tells the
         // level this handle was opened with, not SQLite's default.
@@ -478,7 +447,31 @@ impl Store {
         }
     }
 
-    fn configure(&mut self) -> Result<()> {
+    /// A store around `conn`, with no WAL handle yet and no names checked.
+    fn new(
+        conn: Connection,
+        backing: Backing,
+        file_lease: Option<Lease>,
+        (busy_timeout_ms, durability): (u32, Durability),
+        interruption: busy::Interruption,
+    ) -> Store {
+        Store {
+            conn,
+            wal: None,
+            file_lease,
+            names_checked: None,
+            backing,
+            busy_timeout_ms,
+            interruption,
+            waits: busy::Waits::default(),
+            probing: busy::Probing::default(),
+            turnstile: Turnstile::default(),
+            durability,
+        }
+    }
+
+    /// The connection's busy handler, sharing this store's wait state.
+    fn install_busy_handler(&mut self) -> Result<()> {
         busy::install(
             &mut self.conn,
             self.busy_timeout_ms,
@@ -486,7 +479,11 @@ impl Store {
             &self.waits,
             &self.probing,
             &self.turnstile,
-        )?;
+        )
+    }
+
+    fn configure(&mut self) -> Result<()> {
+        self.install_busy_handler()?;
         pin_query_plans(&self.conn)?;
         self.conn.pragma_update(None, "foreign_keys", true)?;
         let fk: bool = self
