@@ -228,9 +228,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             // children still belong to it, not to nobody.
             report.state_inconsistency_count += 1;
             all_decoded = false;
-            report
-                .check_suspects
-                .push((Table::Tasks, row.get(28).unwrap_or(-1)));
+            report.check_suspects.push((Table::Tasks, rowid));
             if let Ok(id) = row.get::<_, String>(0) {
                 while let Some(e) = next_event.as_ref().filter(|e| e.task_id() <= id.as_str()) {
                     report.foreign_key_error_count += i64::from(e.task_id() < id.as_str());
