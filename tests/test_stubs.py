@@ -65,7 +65,11 @@ def _stubbed_callables() -> list[tuple[ast.FunctionDef, object]]:
             pairs.append((node, getattr(_core, node.name)))
         elif isinstance(node, ast.ClassDef) and node.name == "LedgerCore":
             for method in node.body:
-                if isinstance(method, ast.FunctionDef):
+                # A property is an attribute at run time, with no signature.
+                is_property = isinstance(method, ast.FunctionDef) and any(
+                    isinstance(d, ast.Name) and d.id == "property" for d in method.decorator_list
+                )
+                if isinstance(method, ast.FunctionDef) and not is_property:
                     # The constructor's signature is the class's own.
                     is_new = method.name == "__new__"
                     runtime = _core.LedgerCore if is_new else getattr(_core.LedgerCore, method.name)

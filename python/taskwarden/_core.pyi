@@ -1,6 +1,7 @@
 """Type stubs for the Rust core. Use ``taskwarden.Ledger``; this is its engine."""
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, final
 
 from .models import Charge, Event, Task
@@ -64,6 +65,9 @@ class LedgerCore:
     ) -> Task:
         """Create (or idempotently return) a task."""
     def get_task(self, task_id: object) -> Task: ...
+    @property
+    def path(self) -> Path | None:
+        """The database file as the open resolved it (``None`` in memory)."""
     def children_of(self, task_id: object) -> list[Task]: ...
     def events(self, task_id: object) -> list[Event]:
         """The task's events, oldest first, once they verify."""

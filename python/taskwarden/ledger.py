@@ -152,8 +152,8 @@ class Ledger:
         # first open did not already make.
         self._reopen_args = (raw, options | {"create": False})
         _OPEN_FILE_LEDGERS.add(self)
-        absolute = Path(os.path.abspath(raw))
-        self.path = absolute.parent.resolve(strict=False) / absolute.name
+        # Where the core resolved the name: the file this handle opened.
+        self.path = self._core.path
 
     @classmethod
     def in_memory(cls, *, clock: Clock = time.time, busy_timeout_ms: int = 5000) -> Ledger:

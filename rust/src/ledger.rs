@@ -668,6 +668,14 @@ impl LedgerCore {
         convert::doctor_dict(py, &report)
     }
 
+    /// The database file as the open resolved it (`None` in memory).
+    #[getter]
+    fn path(&self, py: Python<'_>) -> PyResult<Option<std::path::PathBuf>> {
+        self.run(py, |store, _| {
+            Ok(store.file_path().map(std::path::Path::to_path_buf))
+        })
+    }
+
     fn storage_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let info = self.run(py, |store, _| store.info())?;
         convert::storage_dict(py, &info)

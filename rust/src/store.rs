@@ -660,6 +660,12 @@ impl Store {
         Ok(())
     }
 
+    /// The database file's path, as resolved at open (`None` in memory).
+    #[must_use]
+    pub fn file_path(&self) -> Option<&std::path::Path> {
+        self.on_disk().map(|(path, _, _)| path.file.as_path())
+    }
+
     /// The file behind a file-backed handle: its path, identity and owner.
     fn on_disk(&self) -> Option<(&DbPath, Identity, u32)> {
         match &self.backing {
