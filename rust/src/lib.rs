@@ -49,6 +49,15 @@ mod _core {
     use crate::ledger::{can_transition, non_negative_seconds, payload_fingerprint};
     use crate::ledger::{free_registries_after_fork, hold_registries_for_fork};
 
+    /// `{status: (codes...)}` for the statuses that take any code.
+    fn code_table<'py>(py: Python<'py>, rows: &[(&str, &[&str])]) -> PyResult<Bound<'py, PyDict>> {
+        let table = PyDict::new(py);
+        for (status, codes) in rows.iter().filter(|(_, codes)| !codes.is_empty()) {
+            table.set_item(status, PyTuple::new(py, *codes)?)?;
+        }
+        Ok(table)
+    }
+
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         let py = m.py();
@@ -81,22 +90,12 @@ mod _core {
         }
         m.add("STATUS_ALIASES", aliases)?;
         // The codes a caller may give for each target, as the core checks.
-        let task_codes = PyDict::new(py);
-        for to in crate::fsm::ALL_TASK_STATUSES {
-            let codes = crate::fsm::caller_codes(to);
-            if !codes.is_empty() {
-                task_codes.set_item(to.as_str(), PyTuple::new(py, codes)?)?;
-            }
-        }
-        m.add("TASK_REASON_CODES", task_codes)?;
-        let delivery_codes = PyDict::new(py);
-        for to in crate::fsm::ALL_DELIVERY_STATUSES {
-            let codes = crate::fsm::delivery_codes(to);
-            if !codes.is_empty() {
-                delivery_codes.set_item(to.as_str(), PyTuple::new(py, codes)?)?;
-            }
-        }
-        m.add("DELIVERY_REASON_CODES", delivery_codes)?;
+        let task_codes =
+            crate::fsm::ALL_TASK_STATUSES.map(|to| (to.as_str(), crate::fsm::caller_codes(to)));
+        m.add("TASK_REASON_CODES", code_table(py, &task_codes)?)?;
+        let delivery_codes = crate::fsm::ALL_DELIVERY_STATUSES
+            .map(|to| (to.as_str(), crate::fsm::delivery_codes(to)));
+        m.add("DELIVERY_REASON_CODES", code_table(py, &delivery_codes)?)?;
         // No registry lock is inherited held by a thread the child lacks.
         let hooks = PyDict::new(py);
         let free = wrap_pyfunction!(free_registries_after_fork, m)?;
