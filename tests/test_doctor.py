@@ -1411,3 +1411,16 @@ def test_concurrent_writers_never_make_doctor_unhealthy(db_path: Path) -> None:
         final = lg.doctor()
     assert final["healthy"] is True
     assert final["task_count"] >= counts[-1]
+
+
+def test_status_counts_keep_the_peer_s_order(tmp_path: Path) -> None:
+    """A program that prints doctor's counts sees the peer's statuses in the
+    peer's order (the state machine's order, parked statuses among them),
+    not an alphabetical one; stats() follows the same order."""
+    peer = tsg.Ledger(tmp_path / "peer.db").doctor()
+    with Ledger.in_memory() as mem:
+        ours, stats = mem.doctor(), mem.stats()
+    for key in ("task_status_counts", "delivery_status_counts"):
+        assert [k for k in ours[key] if k in peer[key]] == list(peer[key])
+    assert list(stats["by_status"]) == list(ours["task_status_counts"])
+    assert list(stats["by_delivery"]) == list(ours["delivery_status_counts"])

@@ -8,7 +8,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
 
 use crate::doctor::Report as DoctorReport;
 use crate::errors::{Error, Result};
-use crate::fsm::{DeliveryStatus, TaskStatus};
+use crate::fsm::{DeliveryStatus, TaskStatus, ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
 use crate::reconcile::Report;
 use crate::retention::{PurgeReport, Stats};
 use crate::store::StorageInfo;
@@ -280,8 +280,20 @@ pub fn doctor_dict<'py>(py: Python<'py>, r: &DoctorReport) -> PyResult<Bound<'py
     d.set_item("schema_ok", r.schema_ok)?;
     d.set_item("task_count", r.task_count)?;
     d.set_item("event_count", r.event_count)?;
-    d.set_item("task_status_counts", r.task_status_counts.clone())?;
-    d.set_item("delivery_status_counts", r.delivery_status_counts.clone())?;
+    d.set_item(
+        "task_status_counts",
+        in_table_order(
+            py,
+            ALL_TASK_STATUSES.map(TaskStatus::as_str),
+            &r.task_status_counts,
+        )?,
+    )?;
+    let deliveries = in_table_order(
+        py,
+        ALL_DELIVERY_STATUSES.map(DeliveryStatus::as_str),
+        &r.delivery_status_counts,
+    )?;
+    d.set_item("delivery_status_counts", deliveries)?;
     for (key, value) in [
         ("orphan_count", r.orphan_count),
         ("parent_cycle_count", r.parent_cycle_count),
@@ -323,10 +335,34 @@ pub fn stats_dict<'py>(
     let d = PyDict::new(py);
     d.set_item("task_count", s.task_count)?;
     d.set_item("event_count", s.event_count)?;
-    d.set_item("by_status", s.by_status.clone())?;
-    d.set_item("by_delivery", s.by_delivery.clone())?;
+    d.set_item(
+        "by_status",
+        in_table_order(py, ALL_TASK_STATUSES.map(TaskStatus::as_str), &s.by_status)?,
+    )?;
+    d.set_item(
+        "by_delivery",
+        in_table_order(
+            py,
+            ALL_DELIVERY_STATUSES.map(DeliveryStatus::as_str),
+            &s.by_delivery,
+        )?,
+    )?;
     d.set_item("by_tenant", s.by_tenant.clone())?;
     d.set_item("file_bytes", sizes.map(|(f, _)| f))?;
     d.set_item("wal_bytes", sizes.map(|(_, w)| w))?;
+    Ok(d)
+}
+
+/// Counts by status as a dict in the state machine's order (the peer's
+/// statuses keep the peer's order), not the map's alphabetical one.
+fn in_table_order<'py>(
+    py: Python<'py>,
+    names: impl IntoIterator<Item = &'static str>,
+    counts: &std::collections::BTreeMap<&'static str, i64>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for name in names {
+        d.set_item(name, counts.get(name).copied().unwrap_or(0))?;
+    }
     Ok(d)
 }
