@@ -255,7 +255,16 @@ HASH = _maybe(st.one_of(st.none(), st.just("ab" * 32), st.just("AB" * 32)))
 COUNT = _maybe(st.integers(min_value=1, max_value=20))
 
 # method -> (positional parameters, keyword parameters); strategies by name.
-READS = {"get_task", "children_of", "budget", "list_tasks", "stats", "doctor", "storage_info"}
+READS = {
+    "get_task",
+    "children_of",
+    "events",
+    "budget",
+    "list_tasks",
+    "stats",
+    "doctor",
+    "storage_info",
+}
 SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "create_task": (
         (),
@@ -274,6 +283,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     "get_task": (("task_id",), ()),
     "children_of": (("task_id",), ()),
+    "events": (("task_id",), ()),
     "start_task": (("task_id",), ()),
     "heartbeat": (("task_id",), ("worker", "attempt")),
     "close_task": (("task_id", "status"), ("code", "worker", "attempt")),

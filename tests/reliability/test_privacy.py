@@ -136,6 +136,7 @@ def _refusals(ledger: Ledger, ids: dict[str, str], text: str) -> list[Callable[[
         lambda: ledger.create_task(llm_calls_budget=text),  # type: ignore[arg-type]
         lambda: ledger.get_task(text),
         lambda: ledger.children_of(text),
+        lambda: ledger.events(text),
         lambda: ledger.start_task(text),
         lambda: ledger.heartbeat(running, worker=text),
         lambda: ledger.close_task(task, text),
