@@ -704,3 +704,55 @@ def test_integers_of_other_kinds_are_amounts(ledger: Ledger) -> None:
         with pytest.raises(InvalidInput, match=r"^tokens must be a non-negative 64-bit integer$"):
             ledger.charge(task.id, tokens=bad, worker="w")
     assert ledger.budget(task.id).tokens_used == 1_200
+
+
+# ---------------------------------------------------------------------------
+# Stopping a runaway tree
+
+
+def test_cancel_with_subtree_stops_a_whole_tree_in_one_call(
+    ledger: Ledger, clock: FrozenClock
+) -> None:
+    """Cancelling a parent alone leaves its running children charging against
+    it; with subtree=True every task below it that is not finished is
+    cancelled too (each with its own event), finished ones are left as
+    they are, and the workers' next charges and heartbeats are refused."""
+    root = ledger.create_task(llm_calls_budget=100)
+    running = ledger.create_task(parent_id=root.id)
+    queued = ledger.create_task(parent_id=root.id)
+    done = ledger.create_task(parent_id=root.id, delivery_required=False)
+    parked = ledger.create_task(parent_id=running.id)
+    under_done = ledger.create_task(parent_id=done.id)
+    ledger.claim(running.id, "w1")
+    ledger.claim(parked.id, "w2")
+    ledger.block(parked.id, worker="w2")
+    ledger.close_task(done.id, "succeeded", code="worker_completed")
+    clock.advance(5)
+
+    answer = ledger.cancel(root.id, subtree=True)
+
+    assert answer.id == root.id and answer.status == "cancelled"
+    for task in (root, running, queued, parked, under_done):
+        assert ledger.get_task(task.id).status == "cancelled", task.id
+        assert ledger.events(task.id)[-1].code == "caller_cancelled"
+    assert ledger.get_task(done.id).status == "succeeded"
+    refused = ledger.charge(running.id, worker="w1")
+    assert (refused.allowed, ledger.budget(root.id).calls_used) == (False, 0)
+    with pytest.raises(StateConflict):
+        ledger.heartbeat(running.id, worker="w1")
+    events_before = {t.id: len(ledger.events(t.id)) for t in (root, running, parked)}
+    ledger.cancel(root.id, subtree=True)  # again: nothing to do
+    assert {t.id: len(ledger.events(t.id)) for t in (root, running, parked)} == events_before
+    assert ledger.doctor()["healthy"] is True
+
+
+def test_cancel_subtree_takes_a_bool_and_an_existing_task(ledger: Ledger) -> None:
+    root = ledger.create_task()
+    child = ledger.create_task(parent_id=root.id)
+    with pytest.raises(InvalidInput, match="subtree must be bool"):
+        ledger.cancel(root.id, subtree=1)  # type: ignore[arg-type]
+    with pytest.raises(TaskNotFound):
+        ledger.cancel(str(uuid.uuid4()), subtree=True)
+    assert ledger.get_task(child.id).status == "queued"
+    ledger.cancel(child.id, subtree=True)  # a leaf: just itself
+    assert ledger.get_task(root.id).status == "queued"

@@ -487,3 +487,13 @@ def test_python_m_taskwarden_claim_next(db_path: Path, tasks: list[str]) -> None
     assert proc.stdout.count("\n") == 1
     with Ledger(db_path) as ledger:
         assert [t.id for t in ledger.list_tasks(owner="proc-1")] == tasks[:2]
+
+
+def test_cancel_subtree(db_path: Path, tasks: list[str]) -> None:
+    with Ledger(db_path) as ledger:
+        child = ledger.create_task(parent_id=tasks[0]).id
+        ledger.claim(child, "w1")
+    assert ok(db_path, "cancel", tasks[0])["task"]["status"] == "cancelled"
+    assert get(db_path, child)["status"] == "running"  # a plain cancel stops the task alone
+    ok(db_path, "cancel", tasks[0], "--subtree")
+    assert get(db_path, child)["status"] == "cancelled"

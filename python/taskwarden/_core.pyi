@@ -112,6 +112,8 @@ class LedgerCore:
         attempt: object = None,
     ) -> Task:
         """Compare-and-set along the transition table."""
+    def cancel_tree(self, task_id: object) -> Task:
+        """Cancels a task and every task below it that is not terminal yet."""
     def move_to(
         self,
         task_id: object,

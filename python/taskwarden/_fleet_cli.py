@@ -94,8 +94,14 @@ def add_fleet_commands(
         (code,) = TASK_REASON_CODES[to]
         command.add_argument("--code", help=f"reason code (default and only one: {code})")
         add_fence(command)
-    for name, text in (("requeue", "blocked|escalated -> queued"), ("cancel", "-> cancelled")):
-        add_task_id(sub.add_parser(name, parents=[common], help=text))
+    add_task_id(sub.add_parser("requeue", parents=[common], help="blocked|escalated -> queued"))
+    cancel = sub.add_parser("cancel", parents=[common], help="-> cancelled")
+    add_task_id(cancel)
+    cancel.add_argument(
+        "--subtree",
+        action="store_true",
+        help="also cancel every task below it that is not finished (stops a runaway tree)",
+    )
 
     lst = sub.add_parser("list", parents=[common, reading], help="list tasks, oldest first")
     lst.add_argument("--status", choices=_STATUSES, help="only tasks in this status")
@@ -159,7 +165,7 @@ _RUNS: dict[str, Run] = {
     "block": _park,
     "escalate": _park,
     "requeue": lambda a, lg: task_answer(lg.requeue(a.task_id)),
-    "cancel": lambda a, lg: task_answer(lg.cancel(a.task_id)),
+    "cancel": lambda a, lg: task_answer(lg.cancel(a.task_id, subtree=a.subtree)),
     "list": lambda a, lg: _tasks(
         lg.list_tasks(
             status=a.status,

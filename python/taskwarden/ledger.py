@@ -342,8 +342,17 @@ class Ledger:
         """``blocked|escalated -> queued`` (code ``requeued``); the owner is cleared."""
         return self._core.move_to(task_id, "queued")
 
-    def cancel(self, task_id: str) -> Task:
-        """Any non-terminal status -> ``cancelled``; cancelling again is a no-op."""
+    def cancel(self, task_id: str, *, subtree: bool = False) -> Task:
+        """Any non-terminal status -> ``cancelled``; cancelling again is a no-op.
+
+        With ``subtree=True``, every task below it that is not terminal yet
+        is cancelled too, in the same transaction (each with its own event):
+        the stop for a runaway tree, whose running tasks would otherwise go
+        on charging against their ancestors. Returns the task itself."""
+        if subtree is True:
+            return self._core.cancel_tree(task_id)
+        if subtree is not False:
+            raise InvalidInput("subtree must be bool")
         return self._core.move_to(task_id, "cancelled", code="caller_cancelled")
 
     # -- the budget guard ---------------------------------------------------

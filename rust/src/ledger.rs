@@ -543,6 +543,16 @@ impl LedgerCore {
         })
     }
 
+    /// Cancels a task and every task below it that is not terminal yet.
+    fn cancel_tree<'py>(
+        &self,
+        py: Python<'py>,
+        task_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = convert::task_id(task_id)?;
+        self.write_task(py, |tx, clock| tasks::cancel_tree(tx, &id, clock))
+    }
+
     #[pyo3(signature = (task_id, *, calls, tokens, cost_micros))]
     fn grant<'py>(
         &self,

@@ -666,6 +666,49 @@ pub fn move_to(
     compare_and_set(tx, id, task.status, to, code, fence, clock)
 }
 
+/// Cancels `id` and every task below it that is not terminal yet, in one
+/// transaction: the operator's stop for a runaway tree, whose running
+/// tasks would otherwise go on charging against their ancestors. Each
+/// cancellation is its own event (`caller_cancelled`); terminal tasks are
+/// left as they are. Returns the root.
+pub fn cancel_tree(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<TaskRow> {
+    let root = get(tx, id)?;
+    // UNION, not UNION ALL: a parent cycle in a damaged file ends the walk.
+    let below: Vec<String> = tx
+        .prepare_cached(
+            "WITH RECURSIVE below(id) AS (
+                SELECT id FROM tasks WHERE parent_id = ?1
+                UNION SELECT t.id FROM tasks t JOIN below b ON t.parent_id = b.id)
+             SELECT id FROM below WHERE id <> ?1 ORDER BY id",
+        )?
+        .query_map([&root.id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let unfenced = Fence::default();
+    for task_id in below {
+        let task = get(tx, &task_id)?;
+        if !task.status.is_terminal() {
+            let cancelled = Some("caller_cancelled");
+            compare_and_set(
+                tx,
+                &task_id,
+                task.status,
+                TaskStatus::Cancelled,
+                cancelled,
+                &unfenced,
+                clock,
+            )?;
+        }
+    }
+    move_to(
+        tx,
+        &root.id,
+        TaskStatus::Cancelled,
+        Some("caller_cancelled"),
+        &unfenced,
+        clock,
+    )
+}
+
 /// An operator raises a task's limits (never lowers them); recorded as a
 /// `budget_granted` event carrying the amounts.
 pub fn grant(tx: &Transaction<'_>, id: &str, amount: Usage, clock: Clock<'_>) -> Result<TaskRow> {
