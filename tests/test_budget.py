@@ -756,3 +756,22 @@ def test_cancel_subtree_takes_a_bool_and_an_existing_task(ledger: Ledger) -> Non
     assert ledger.get_task(child.id).status == "queued"
     ledger.cancel(child.id, subtree=True)  # a leaf: just itself
     assert ledger.get_task(root.id).status == "queued"
+
+
+def test_a_charge_names_the_task_whose_limit_ran_out(ledger: Ledger) -> None:
+    """A child stopped by its parent's limit shows budget left of its own;
+    exhausted_task_id says where to grant: the parent, not the child."""
+    root = ledger.create_task(llm_calls_budget=1)
+    child = ledger.create_task(parent_id=root.id, llm_calls_budget=10)
+    own = ledger.create_task(llm_calls_budget=0)
+    for task in (child, own):
+        ledger.claim(task.id, "w")
+    assert ledger.charge(child.id, worker="w").exhausted_task_id is None
+    stopped = ledger.charge(child.id, worker="w")
+    assert (stopped.escalated, stopped.exhausted, stopped.calls_remaining) == (True, "calls", 9)
+    assert stopped.exhausted_task_id == root.id
+    assert ledger.budget(child.id).exhausted_task_id == root.id
+    assert ledger.charge(own.id, worker="w").exhausted_task_id == own.id
+    ledger.grant(root.id, calls=5)
+    ledger.requeue(child.id)
+    assert ledger.budget(child.id).exhausted_task_id is None

@@ -255,15 +255,17 @@ class LedgerMachine(RuleBasedStateMachine):
         assert [self.db.get_task(m.id) for m in self.tasks] == before
 
     def charge_view(
-        self, m: Model, allowed: bool, escalated: bool, exhausted: str | None
+        self, m: Model, allowed: bool, escalated: bool, exhausted: tuple[str, str] | None
     ) -> Charge:
+        """What charge or budget answers; ``exhausted`` is (dimension, the
+        id of the task whose limit ran out)."""
         remaining = [
             None if lim is None else lim - u for u, lim in zip(m.used, m.limits, strict=True)
         ]
         return Charge(
             allowed,
             escalated,
-            exhausted,
+            None if exhausted is None else exhausted[0],
             m.used[0],
             m.limits[0],
             remaining[0],
@@ -273,6 +275,7 @@ class LedgerMachine(RuleBasedStateMachine):
             m.used[2],
             m.limits[2],
             remaining[2],
+            None if exhausted is None else exhausted[1],
         )
 
     # -- rules ---------------------------------------------------------------------
@@ -333,7 +336,7 @@ class LedgerMachine(RuleBasedStateMachine):
             for node in self.chain(m):
                 for d, (u, lim, a) in enumerate(zip(node.used, node.limits, amount, strict=True)):
                     if lim is not None and u + a > lim:
-                        exhausted = DIMS[d]
+                        exhausted = (DIMS[d], node.id)
                         break
                 if exhausted:
                     break
@@ -347,12 +350,13 @@ class LedgerMachine(RuleBasedStateMachine):
                 expected = self.charge_view(m, True, False, None)
         assert result == expected
 
-    def spent(self, m: Model) -> str | None:
-        """The first limit already used up, on the task or an ancestor."""
+    def spent(self, m: Model) -> tuple[str, str] | None:
+        """The first limit already used up, on the task or an ancestor, and
+        whose limit it is."""
         for node in self.chain(m):
             for d, (u, lim) in enumerate(zip(node.used, node.limits, strict=True)):
                 if lim is not None and u >= lim:
-                    return DIMS[d]
+                    return DIMS[d], node.id
         return None
 
     @rule(i=st.integers(0, N - 1))

@@ -131,9 +131,11 @@ class Charge:
     or an ancestor: for ``charge()``, the one that stopped this charge (``None``
     when it was added, even if it used the last unit); for ``budget()``, and
     for a charge refused because the task is not running or is not the
-    caller's claim, the first one already used up. ``*_remaining`` is the
-    task's own limit minus its own use, ``None`` where the limit is ``None``
-    (unlimited).
+    caller's claim, the first one already used up. ``exhausted_task_id``
+    names the task whose limit that is: this task or an ancestor, the one
+    an operator grants more to (``None`` with ``exhausted``). ``*_remaining``
+    is the task's own limit minus its own use, ``None`` where the limit is
+    ``None`` (unlimited).
     """
 
     allowed: bool
@@ -148,6 +150,7 @@ class Charge:
     cost_used_micros: int
     cost_budget_micros: int | None
     cost_remaining_micros: int | None
+    exhausted_task_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as plain JSON-ready values."""

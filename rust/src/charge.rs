@@ -15,7 +15,9 @@ use crate::tasks::{self, Clock, Columns, Fence};
 pub struct Outcome {
     pub allowed: bool,
     pub escalated: bool,
-    pub exhausted: Option<Dimension>,
+    /// The dimension that ran out, and the task (this one or an ancestor)
+    /// whose limit it is: the one an operator grants more to.
+    pub exhausted: Option<(Dimension, String)>,
     pub task: TaskRow,
 }
 
@@ -53,8 +55,8 @@ pub fn charge(
         .iter()
         .map(|node| budget::add(node.usage, node.limits, amount))
         .collect::<Vec<_>>();
-    if let Some(dim) = judged.iter().find_map(|j| match j {
-        Ok(Err(dim)) => Some(*dim),
+    if let Some(stop) = judged.iter().zip(&chain).find_map(|(j, node)| match j {
+        Ok(Err(dim)) => Some((*dim, node.id.clone())),
         _ => None,
     }) {
         let now = clock()?;
@@ -67,7 +69,7 @@ pub fn charge(
             return Ok(Outcome {
                 allowed: false,
                 escalated: false,
-                exhausted: Some(dim),
+                exhausted: Some(stop),
                 task,
             });
         }
@@ -82,7 +84,7 @@ pub fn charge(
         return Ok(Outcome {
             allowed: false,
             escalated: true,
-            exhausted: Some(dim),
+            exhausted: Some(stop),
             task: parked,
         });
     }
@@ -140,8 +142,8 @@ fn chain_of(tx: &Transaction<'_>, task: &TaskRow) -> Result<Vec<TaskRow>> {
 }
 
 /// The first limit already used up on the chain.
-fn spent_on(chain: &[TaskRow]) -> Option<Dimension> {
+fn spent_on(chain: &[TaskRow]) -> Option<(Dimension, String)> {
     chain
         .iter()
-        .find_map(|node| budget::spent(node.usage, node.limits))
+        .find_map(|node| budget::spent(node.usage, node.limits).map(|dim| (dim, node.id.clone())))
 }

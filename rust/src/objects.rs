@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyList, PyTuple};
 
-use crate::budget::{self, Dimension};
+use crate::budget;
 use crate::charge::Outcome;
 use crate::errors::Error;
 use crate::events::Event;
@@ -54,7 +54,7 @@ const TASK_FIELDS: [&str; 27] = [
 ];
 
 /// `Charge`'s fields, in the order [`charge`] gives them.
-const CHARGE_FIELDS: [&str; 12] = [
+const CHARGE_FIELDS: [&str; 13] = [
     "allowed",
     "escalated",
     "exhausted",
@@ -67,6 +67,7 @@ const CHARGE_FIELDS: [&str; 12] = [
     "cost_used_micros",
     "cost_budget_micros",
     "cost_remaining_micros",
+    "exhausted_task_id",
 ];
 
 /// A frozen class and its mutable layout twin.
@@ -193,10 +194,13 @@ pub fn task<'py>(py: Python<'py>, t: &TaskRow) -> PyResult<Bound<'py, PyAny>> {
 pub fn charge<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, PyAny>> {
     let t = &o.task;
     let left = budget::remaining(t.usage, t.limits);
-    let values: [Bound<'py, PyAny>; 12] = [
+    let values: [Bound<'py, PyAny>; 13] = [
         PyBool::new(py, o.allowed).to_owned().into_any(),
         PyBool::new(py, o.escalated).to_owned().into_any(),
-        o.exhausted.map(Dimension::as_str).into_pyobject(py)?,
+        o.exhausted
+            .as_ref()
+            .map(|(dim, _)| dim.as_str())
+            .into_pyobject(py)?,
         t.usage.calls.into_pyobject(py)?.into_any(),
         t.limits.calls.into_pyobject(py)?,
         left.calls.into_pyobject(py)?,
@@ -206,6 +210,10 @@ pub fn charge<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, PyAny>> 
         t.usage.cost_micros.into_pyobject(py)?.into_any(),
         t.limits.cost_micros.into_pyobject(py)?,
         left.cost_micros.into_pyobject(py)?,
+        o.exhausted
+            .as_ref()
+            .map(|(_, at)| at.as_str())
+            .into_pyobject(py)?,
     ];
     models(py)?.charge.make(py, PyTuple::new(py, values)?)
 }
