@@ -432,6 +432,24 @@ def test_a_copied_or_pickled_ledger_is_a_new_handle_on_the_same_file(
     again.close()
 
 
+def test_a_pickled_ledger_opens_the_same_file_from_another_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative path is resolved where the ledger was opened: the copy a
+    worker unpickles elsewhere opens that file, not one of the same name."""
+    folder = tmp_path / "private"
+    folder.mkdir(mode=0o700)
+    monkeypatch.chdir(folder)
+    with Ledger("ledger.db") as original:
+        task = original.create_task()
+        shipped = pickle.dumps(original)
+    monkeypatch.chdir(tmp_path)
+    with pickle.loads(shipped) as copy_:
+        assert copy_.path == folder / "ledger.db"
+        assert copy_.get_task(task.id).id == task.id
+    assert not (tmp_path / "ledger.db").exists()
+
+
 @pytest.mark.parametrize("copier", sorted(COPIERS))
 def test_an_in_memory_ledger_cannot_be_copied(copier: str) -> None:
     """Its memory is its own: a copy would share it, so closing the copy

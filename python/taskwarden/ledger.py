@@ -148,12 +148,13 @@ class Ledger:
             "create": create,
         }
         self._core = _core.LedgerCore(raw, **options)
-        # A reopen (in a forked child, or for a copy) makes no file the
-        # first open did not already make.
-        self._reopen_args = (raw, options | {"create": False})
-        _OPEN_FILE_LEDGERS.add(self)
         # Where the core resolved the name: the file this handle opened.
         self.path = self._core.path
+        # A reopen (in a forked child, or for a copy) opens that same file
+        # whatever the working directory is then, and makes no file the
+        # first open did not already make.
+        self._reopen_args = (str(self.path), options | {"create": False})
+        _OPEN_FILE_LEDGERS.add(self)
 
     @classmethod
     def in_memory(cls, *, clock: Clock = time.time, busy_timeout_ms: int = 5000) -> Ledger:
