@@ -775,3 +775,19 @@ def test_a_charge_names_the_task_whose_limit_ran_out(ledger: Ledger) -> None:
     ledger.grant(root.id, calls=5)
     ledger.requeue(child.id)
     assert ledger.budget(child.id).exhausted_task_id is None
+
+
+def test_cancel_subtree_under_a_root_that_already_ended(ledger: Ledger) -> None:
+    """An orchestrator timed out by reconcile while its sub-agents run on:
+    the subtree cancel stops them and leaves the ended root as it is (a
+    plain cancel of it is a conflict, as ever)."""
+    root = ledger.create_task()
+    child = ledger.create_task(parent_id=root.id)
+    ledger.claim(root.id, "boss")
+    ledger.claim(child.id, "w1")
+    ledger.close_task(root.id, "timed_out", code="worker_lost")
+    with pytest.raises(StateConflict):
+        ledger.cancel(root.id)
+    assert ledger.cancel(root.id, subtree=True).status == "timed_out"
+    assert ledger.get_task(child.id).status == "cancelled"
+    assert ledger.doctor()["healthy"] is True

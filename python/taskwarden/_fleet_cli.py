@@ -31,10 +31,10 @@ def add_task_id(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task_id", help="the task's UUID")
 
 
-def codes_help(codes: Any, given_for: str = "status") -> str:
+def codes_help(codes: Any, given_for: str = "status", default: str = "none") -> str:
     """The --code help: the codes each target allows, from the core's table."""
     allowed = "; ".join(f"{to}: {', '.join(sorted(c))}" for to, c in codes.items())
-    return f"reason code for the {given_for} ({allowed}; default none)"
+    return f"reason code for the {given_for} ({allowed}; default {default})"
 
 
 def add_fleet_commands(
@@ -85,7 +85,14 @@ def add_fleet_commands(
         "--expected", required=True, choices=_STATUSES, help="the status it must have now"
     )
     trans.add_argument("--to", required=True, choices=_STATUSES, help="the status to move to")
-    trans.add_argument("--code", help=codes_help(TASK_REASON_CODES, "target"))
+    trans.add_argument(
+        "--code",
+        help=codes_help(
+            TASK_REASON_CODES,
+            "target",
+            "the ledger's own code for the move, none for a terminal target",
+        ),
+    )
     add_fence(trans)
 
     for name, to in (("block", TaskStatus.BLOCKED), ("escalate", TaskStatus.ESCALATED)):

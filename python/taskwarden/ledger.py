@@ -349,7 +349,8 @@ class Ledger:
         With ``subtree=True``, every task below it that is not terminal yet
         is cancelled too, in the same transaction (each with its own event):
         the stop for a runaway tree, whose running tasks would otherwise go
-        on charging against their ancestors. Returns the task itself."""
+        on charging against their ancestors. A root that already ended is
+        left as it is, and its tree still stopped. Returns the task itself."""
         if subtree is True:
             return self._core.cancel_tree(task_id)
         if subtree is not False:

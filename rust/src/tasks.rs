@@ -669,8 +669,9 @@ pub fn move_to(
 /// Cancels `id` and every task below it that is not terminal yet, in one
 /// transaction: the operator's stop for a runaway tree, whose running
 /// tasks would otherwise go on charging against their ancestors. Each
-/// cancellation is its own event (`caller_cancelled`); terminal tasks are
-/// left as they are. Returns the root.
+/// cancellation is its own event (`caller_cancelled`); terminal tasks,
+/// the root included (an orchestrator reconcile timed out while its
+/// sub-agents ran on), are left as they are. Returns the root.
 pub fn cancel_tree(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<TaskRow> {
     let root = get(tx, id)?;
     // UNION, not UNION ALL: a parent cycle in a damaged file ends the walk.
@@ -698,6 +699,9 @@ pub fn cancel_tree(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<T
                 clock,
             )?;
         }
+    }
+    if root.status.is_terminal() {
+        return Ok(root);
     }
     move_to(
         tx,
