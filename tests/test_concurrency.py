@@ -436,3 +436,36 @@ def test_constructor_takes_no_write_lock(db_path: Path) -> None:
         assert time.monotonic() - started < 1.0
         code, parsed, _ = run_cli("--db", str(db_path), "--busy-timeout-ms", "100", "get", task.id)
         assert (code, parsed["task"]["id"]) == (0, task.id)
+
+
+def test_threads_sharing_a_handle_take_fair_turns(db_path: Path) -> None:
+    """Four threads write through one handle, each write holding it about
+    10 ms (a slow clock): every thread keeps getting its turn well inside
+    the busy timeout. Unfair, a thread that had just finished took the
+    handle straight back, and the longest waiters timed out."""
+
+    def slow_clock() -> float:
+        time.sleep(0.01)
+        return time.time()
+
+    waits: list[float] = []
+    busy: list[BaseException] = []
+    stop = time.monotonic() + 3.0
+    with Ledger(db_path, clock=slow_clock, busy_timeout_ms=1000) as ledger:
+
+        def write() -> None:
+            while time.monotonic() < stop:
+                started = time.monotonic()
+                try:
+                    ledger.create_task()
+                except LedgerBusy as exc:
+                    busy.append(exc)
+                waits.append(time.monotonic() - started)
+
+        threads = [threading.Thread(target=write) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert busy == []
+    assert max(waits) < 0.5, max(waits)

@@ -173,37 +173,6 @@ impl SignalWatch {
     }
 }
 
-/// Retries `attempt` until it yields a value: the wait for something
-/// another thread of this process holds. Bounded like a lock wait
-/// (`timeout`, then `Busy`; `None` waits as long as it takes), it ends
-/// early with a signal handler's exception, as the busy handler does.
-pub fn poll<T>(
-    timeout: Option<Duration>,
-    mut attempt: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let started = Instant::now();
-    let mut signals = LoopSignals::starting_now();
-    let mut count: i32 = 0;
-    loop {
-        if let Some(got) = attempt()? {
-            return Ok(got);
-        }
-        signals.check()?;
-        let left = match timeout {
-            None => Duration::MAX,
-            Some(t) => match t.checked_sub(started.elapsed()) {
-                Some(left) if !left.is_zero() => left,
-                _ => return Err(Error::Busy),
-            },
-        };
-        match pause(count) {
-            Pause::Yield => std::thread::yield_now(),
-            Pause::Sleep(pause) => std::thread::sleep(pause.min(left)),
-        }
-        count = count.saturating_add(1);
-    }
-}
-
 /// What to do before retry number `count` of one wait.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Pause {

@@ -3,12 +3,13 @@
 //! turns the result back into Python values afterwards.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::call_queue::{CallQueue, Turn};
 use crate::convert;
 use crate::errors::{Error, Result};
 use crate::fork_guard;
@@ -33,6 +34,28 @@ pub struct LedgerCore {
     clock: Option<Py<PyAny>>,
     /// How long a call waits for another thread's call on this handle.
     busy_timeout: Duration,
+    /// The order in which this handle's threads get to call.
+    queue: CallQueue,
+}
+
+/// The store, locked for one call in this handle's turn order. The lock is
+/// released before the turn passes on (fields drop in order).
+struct HeldStore<'a> {
+    store: MutexGuard<'a, Option<Store>>,
+    _turn: Turn<'a>,
+}
+
+impl std::ops::Deref for HeldStore<'_> {
+    type Target = Option<Store>;
+    fn deref(&self) -> &Option<Store> {
+        &self.store
+    }
+}
+
+impl std::ops::DerefMut for HeldStore<'_> {
+    fn deref_mut(&mut self) -> &mut Option<Store> {
+        &mut self.store
+    }
 }
 
 fn system_now() -> Result<f64> {
@@ -55,6 +78,7 @@ impl LedgerCore {
             opened_by: (!in_memory).then(std::process::id),
             clock,
             busy_timeout,
+            queue: CallQueue::default(),
         }
     }
 
@@ -78,19 +102,17 @@ impl LedgerCore {
     /// wait), so Python calling back into the same ledger on that thread
     /// would wait for itself forever: it is refused instead.
     ///
-    /// The wait for another thread's call is a lock wait like any other:
-    /// `busy_timeout_ms` at most, then `LedgerBusy`, and Ctrl-C ends it.
-    /// Unbounded, threads queued behind a call stuck in a long lock wait
-    /// waited a timeout each in turn, and a signal handler that joins them
-    /// (while the main thread's call holds the store) waited for ever.
-    fn lock_store(&self) -> Result<MutexGuard<'_, Option<Store>>> {
+    /// The wait for another thread's call is a lock wait like any other
+    /// (see `call_queue`): in arrival order, `busy_timeout_ms` at most,
+    /// then `LedgerBusy`, and Ctrl-C ends it. Unbounded, threads queued
+    /// behind a call stuck in a long lock wait waited a timeout each in
+    /// turn, and a signal handler that joins them (while the main thread's
+    /// call holds the store) waited for ever.
+    fn lock_store(&self) -> Result<HeldStore<'_>> {
         self.lock_store_within(Some(self.busy_timeout))
     }
 
-    fn lock_store_within(
-        &self,
-        timeout: Option<Duration>,
-    ) -> Result<MutexGuard<'_, Option<Store>>> {
+    fn lock_store_within(&self, timeout: Option<Duration>) -> Result<HeldStore<'_>> {
         // Before the lock: in a forked child, a call another thread was
         // making at the fork holds it for ever.
         if self.inherited() {
@@ -102,11 +124,14 @@ impl LedgerCore {
                  (its clock, or a signal handler during a lock wait)",
             ));
         }
-        busy::poll(timeout, || match self.store.try_lock() {
-            Ok(guard) => Ok(Some(guard)),
-            Err(TryLockError::WouldBlock) => Ok(None),
-            Err(TryLockError::Poisoned(_)) => Err(Error::Internal("ledger lock poisoned")),
-        })
+        let turn = self.queue.wait_turn(timeout)?;
+        // In turn, nothing else of this process holds the store (only a
+        // forked child's guard takes it, in the child).
+        let store = self
+            .store
+            .lock()
+            .map_err(|_| Error::Internal("ledger lock poisoned"))?;
+        Ok(HeldStore { store, _turn: turn })
     }
 
     /// Runs `op` on the store with the interpreter detached.

@@ -9,6 +9,7 @@
 mod ancestry;
 mod budget;
 mod busy;
+mod call_queue;
 mod charge;
 mod checks;
 mod claim;
