@@ -205,3 +205,49 @@ def test_the_wal_helper_is_stopped_before_a_fork_and_restarted_after(tmp_path: P
         "child's own helper yes",
         "after the next write 1",
     ]
+
+
+# A forked child: one thread makes the inherited ledger's first call (which
+# opens the child's own connection) while the main thread closes it.
+_CLOSE_DURING_FIRST_CALL = """
+import os, sys, threading, time
+from taskwarden import Ledger, StateConflict
+ledger = Ledger(sys.argv[1])
+task = ledger.create_task().id
+served_after_close = 0
+for _ in range(10):
+    pid = os.fork()
+    if pid == 0:
+        both = threading.Barrier(2)
+        def first_call():
+            both.wait()
+            try:
+                ledger.get_task(task)
+            except StateConflict:
+                pass
+        thread = threading.Thread(target=first_call)
+        thread.start()
+        both.wait()
+        time.sleep(0.0003)
+        ledger.close()
+        thread.join()
+        try:
+            ledger.get_task(task)
+            os._exit(7)
+        except StateConflict:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    served_after_close += os.waitstatus_to_exitcode(status) == 7
+print(served_after_close)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork semantics tested on Linux")
+def test_a_child_s_close_during_the_first_call_still_closes(tmp_path: Path) -> None:
+    """close() returns a closed ledger even while another thread of the
+    child is opening the child's own connection: that connection is closed
+    too, never installed behind close()'s back."""
+    path = _private(tmp_path)
+    assert run_python(_CLOSE_DURING_FIRST_CALL, str(path))[0] == "0"
+    with Ledger(path) as ledger:
+        assert ledger.doctor()["healthy"] is True

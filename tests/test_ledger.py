@@ -511,3 +511,28 @@ def test_reason_code_registry_is_exported() -> None:
         "budget_exhausted", "attempts_exhausted", "worker_lost", "budget_granted",
     }  # fmt: skip
     assert peer | added == REASON_CODES
+
+
+class _TaggedLedger(Ledger):
+    """A program's own kind of ledger, as a peer user might write one."""
+
+    def __init__(self, path: Path, tag: str) -> None:
+        super().__init__(path)
+        self.tag = tag
+
+    def hello(self) -> str:
+        return f"{self.tag} at {self.path.name if self.path else '-'}"
+
+
+@pytest.mark.parametrize("copier", sorted(COPIERS))
+def test_a_copied_subclass_keeps_its_class_and_attributes(db_path: Path, copier: str) -> None:
+    """As with task-state-guard, a subclass comes back as itself, with its
+    own attributes, and on a handle of its own."""
+    with _TaggedLedger(db_path, "pool-a") as original:
+        twin = COPIERS[copier](original)
+        try:
+            assert type(twin) is _TaggedLedger
+            assert twin.hello() == "pool-a at ledger.db"
+            assert twin._core is not original._core
+        finally:
+            twin.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -41,21 +42,31 @@ class _InheritedCore:
     """What a forked child's inherited file ledger holds until its first
     call: the parent's connection is never used in the child (it holds
     none of the parent's locks), so that call opens the child's own, with
-    the same arguments, and the inherited one is set aside untouched."""
+    the same arguments, and the inherited one is set aside untouched.
+    One thread opens it; a close meanwhile waits for it and closes it."""
 
     def __init__(self, ledger: Ledger, inherited: Any) -> None:
         self._ledger = ledger
         self._inherited = inherited  # dropped only once the child's own is open
+        self._opening = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
-        assert self._ledger._reopen_args is not None  # only file ledgers are inherited
-        path, options = self._ledger._reopen_args
-        own = _core.LedgerCore(path, **options)
-        self._ledger._core = own
-        return getattr(own, name)
+        with self._opening:
+            current: Any = self._ledger._core
+            if current is self:
+                assert self._ledger._reopen_args is not None  # file ledgers only
+                path, options = self._ledger._reopen_args
+                current = _core.LedgerCore(path, **options)
+                self._ledger._core = current
+        return getattr(current, name)
 
     def close(self) -> None:
-        """Closing before any call opens nothing."""
+        """Closing before any call opens nothing; during the first call,
+        it closes what that call opened."""
+        with self._opening:
+            current: Any = self._ledger._core
+            if current is not self:
+                current.close()
 
 
 # The file ledgers of this process that may be open, for the fork hook.
@@ -74,9 +85,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _reopened(path: str, options: dict[str, Any]) -> Ledger:
-    """A copy or an unpickled ``Ledger``: a new handle on the same file."""
-    return Ledger(path, **options)
+# What a Ledger's __dict__ holds of its own handle (not copied to a copy).
+_HANDLE_ATTRIBUTES = frozenset({"_core", "_reopen_args", "path"})
+
+
+def _reopened(cls: type[Ledger], path: str, options: dict[str, Any]) -> Ledger:
+    """A copy or an unpickled ``Ledger`` (of a subclass too): a new handle
+    on the same file; the subclass's own attributes follow as its state."""
+    ledger = cls.__new__(cls)
+    Ledger.__init__(ledger, path, **options)
+    return ledger
 
 
 class Ledger:
@@ -183,11 +201,15 @@ class Ledger:
         path, options = self._reopen_args
         clock = options["clock"]
         given = {k: v for k, v in options.items() if k not in ("clock", "euid")}
-        return (_reopened, (path, given | {"clock": time.time if clock is None else clock}))
+        given["clock"] = time.time if clock is None else clock
+        own = {k: v for k, v in vars(self).items() if k not in _HANDLE_ATTRIBUTES}
+        return (_reopened, (type(self), path, given), own or None)
 
     def __copy__(self) -> Ledger:
-        _, (path, options) = self.__reduce__()
-        return _reopened(path, options)
+        _, (cls, path, options), own = self.__reduce__()
+        ledger = _reopened(cls, path, options)
+        vars(ledger).update(own or {})
+        return ledger
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Ledger:
         return self.__copy__()
