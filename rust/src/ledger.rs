@@ -103,8 +103,8 @@ impl LedgerCore {
     /// would wait for itself forever: it is refused instead.
     ///
     /// The wait for another thread's call is a lock wait like any other
-    /// (see `call_queue`): in arrival order, `busy_timeout_ms` at most,
-    /// then `LedgerBusy`, and Ctrl-C ends it. Unbounded, threads queued
+    /// (see `call_queue`): fair, `busy_timeout_ms` at most, then
+    /// `LedgerBusy`, and Ctrl-C ends it. Unbounded, threads queued
     /// behind a call stuck in a long lock wait waited a timeout each in
     /// turn, and a signal handler that joins them (while the main thread's
     /// call holds the store) waited for ever.
