@@ -11,8 +11,6 @@ import contextlib
 import os
 import sqlite3
 import stat
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -24,7 +22,7 @@ import task_state_guard as tsg
 from taskwarden import Ledger
 from taskwarden.errors import StateConflict
 
-from .conftest import FrozenClock, logical_dump
+from .conftest import FrozenClock, held_open, logical_dump
 
 PEER_FIELDS = (
     "id",
@@ -384,21 +382,10 @@ def test_read_only_open_previews_peer_file_while_another_process_reads_it(
 ) -> None:
     """Another process's open connection leaves live -wal/-shm files beside the
     peer file; the peer's own read-only open copes with that, and so must ours."""
-    with subprocess.Popen(
-        [sys.executable, "-c", READER, str(peer_file.path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as reader:
-        assert reader.stdout is not None and reader.stdin is not None
-        try:
-            assert reader.stdout.readline().strip() == "ready"
-            names = os.listdir(peer_file.path.parent)
-            assert {"ledger.db-wal", "ledger.db-shm"} <= set(names)
-            _assert_read_only_preview(peer_file)
-        finally:
-            reader.stdin.close()
-            assert reader.wait(timeout=30) == 0
+    with held_open(READER, str(peer_file.path)):
+        names = os.listdir(peer_file.path.parent)
+        assert {"ledger.db-wal", "ledger.db-shm"} <= set(names)
+        _assert_read_only_preview(peer_file)
 
 
 def _assert_refused_unchanged(path: Path, *, damaged_rows: bool = False) -> None:

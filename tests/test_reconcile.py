@@ -11,8 +11,6 @@ import os
 import random
 import shutil
 import sqlite3
-import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -27,7 +25,7 @@ import task_state_guard as tsg
 from taskwarden import Ledger, ReconcilePolicy, reconcile_restart
 from taskwarden.errors import InvalidInput, LedgerBusy, StateConflict, TaskNotFound
 
-from .conftest import FrozenClock, logical_dump, run_cli
+from .conftest import FrozenClock, held_open, logical_dump, run_cli
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -1000,7 +998,7 @@ LOCK_HOLDER = """
 import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
 conn.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
+print("ready", flush=True)
 sys.stdin.read()
 conn.execute("ROLLBACK")
 conn.close()
@@ -1014,24 +1012,15 @@ def test_dry_run_needs_no_write_lock_and_apply_waits_for_it(
         build_scenario(ledger, clock, clock.now)
     dump = logical_dump(db_path)
     grace = {"active_grace_seconds": 600.0, "delivery_grace_seconds": 3600.0}
-    with subprocess.Popen(
-        [sys.executable, "-c", LOCK_HOLDER, str(db_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as holder:
-        assert holder.stdout is not None and holder.stdin is not None
-        try:
-            assert holder.stdout.readline().strip() == "locked"
-            with Ledger(db_path, clock=clock, busy_timeout_ms=100) as ledger:
-                preview = ledger.reconcile(dry_run=True, **grace)  # no LedgerBusy
-                assert counts(preview) == SCENARIO_EXPECTED[600.0, 3600.0]
-                with pytest.raises(LedgerBusy):
-                    ledger.reconcile(**grace)
-                assert ledger.reconcile(dry_run=True, **grace) == preview
-        finally:
-            holder.stdin.close()
-            assert holder.wait(timeout=60) == 0
+    with (
+        held_open(LOCK_HOLDER, str(db_path)),
+        Ledger(db_path, clock=clock, busy_timeout_ms=100) as ledger,
+    ):
+        preview = ledger.reconcile(dry_run=True, **grace)  # no LedgerBusy
+        assert counts(preview) == SCENARIO_EXPECTED[600.0, 3600.0]
+        with pytest.raises(LedgerBusy):
+            ledger.reconcile(**grace)
+        assert ledger.reconcile(dry_run=True, **grace) == preview
     assert logical_dump(db_path) == dump
     with Ledger(db_path, clock=clock) as ledger:
         assert ledger.reconcile(**grace) == {**preview, "dry_run": False, "applied": True}
