@@ -112,8 +112,9 @@ class LedgerCore:
         attempt: object = None,
     ) -> Task:
         """Compare-and-set along the transition table."""
-    def cancel_tree(self, task_id: object) -> Task:
-        """Cancels a task and every task below it that is not terminal yet."""
+    def cancel(self, task_id: object, *, subtree: object) -> Task:
+        """Cancels a task; with ``subtree``, every task below it that is not
+        terminal yet too."""
     def move_to(
         self,
         task_id: object,

@@ -373,11 +373,7 @@ class Ledger:
         the stop for a runaway tree, whose running tasks would otherwise go
         on charging against their ancestors. A root that already ended is
         left as it is, and its tree still stopped. Returns the task itself."""
-        if subtree is True:
-            return self._core.cancel_tree(task_id)
-        if subtree is not False:
-            raise InvalidInput("subtree must be bool")
-        return self._core.move_to(task_id, "cancelled", code="caller_cancelled")
+        return self._core.cancel(task_id, subtree=subtree)
 
     # -- the budget guard ---------------------------------------------------
 

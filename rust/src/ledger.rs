@@ -13,6 +13,7 @@ use crate::call_queue::{CallQueue, Turn};
 use crate::convert;
 use crate::errors::{Error, Result};
 use crate::fork_guard;
+use crate::fsm::TaskStatus;
 use crate::reconcile::{self, Policy};
 use crate::retention;
 use crate::snapshot;
@@ -568,14 +569,25 @@ impl LedgerCore {
         })
     }
 
-    /// Cancels a task and every task below it that is not terminal yet.
-    fn cancel_tree<'py>(
+    /// Cancels a task; with `subtree`, every task below it that is not
+    /// terminal yet too.
+    #[pyo3(signature = (task_id, *, subtree))]
+    fn cancel<'py>(
         &self,
         py: Python<'py>,
         task_id: &Bound<'py, PyAny>,
+        subtree: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
-        self.write_task(py, |tx, clock| tasks::cancel_tree(tx, &id, clock))
+        let cancelled = Some("caller_cancelled");
+        if convert::flag(subtree, "subtree")? {
+            self.write_task(py, |tx, clock| tasks::cancel_tree(tx, &id, clock))
+        } else {
+            let (to, unfenced) = (TaskStatus::Cancelled, Fence::default());
+            self.write_task(py, |tx, clock| {
+                tasks::move_to(tx, &id, to, cancelled, &unfenced, clock)
+            })
+        }
     }
 
     #[pyo3(signature = (task_id, *, calls, tokens, cost_micros))]
