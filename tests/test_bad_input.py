@@ -609,8 +609,22 @@ def test_bad_clock_value_is_invalid_input_and_writes_nothing(
         assert_refused(db_path, lambda: WRITES[write](other, seeded))
 
 
-RAISED = [RuntimeError, ValueError, TypeError, OverflowError, ZeroDivisionError]
-RAISED += [KeyboardInterrupt, SystemExit]
+# The peer reads its clock as ``float(clock())`` and takes a TypeError,
+# ValueError or OverflowError from either step for a bad time: InvalidInput.
+BAD_VALUE_ERRORS = [ValueError, TypeError, OverflowError]
+# Anything else reaches the caller as raised: Ctrl-C stays a
+# KeyboardInterrupt that no retry loop catching InvalidInput swallows.
+RAISED = [RuntimeError, ZeroDivisionError, KeyboardInterrupt, SystemExit]
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+@pytest.mark.parametrize("raised", BAD_VALUE_ERRORS, ids=[r.__name__ for r in BAD_VALUE_ERRORS])
+def test_a_clock_raising_a_bad_value_error_is_invalid_input_as_in_the_peer(
+    seeded: Seeded, db_path: Path, write: str, raised: type[BaseException]
+) -> None:
+    with Ledger(db_path, clock=_Raising(raised(MARKER))) as other:
+        refusal = assert_refused(db_path, lambda: WRITES[write](other, seeded))
+    assert str(refusal) == "clock returned an invalid timestamp"
 
 
 @pytest.mark.parametrize("write", list(WRITES))
@@ -619,8 +633,7 @@ def test_a_raising_clock_passes_its_own_exception_and_writes_nothing(
     seeded: Seeded, db_path: Path, write: str, raised: type[BaseException]
 ) -> None:
     """As from any Python callable (and as in the peer): the caller gets the
-    clock's exception itself, so Ctrl-C stays a KeyboardInterrupt that no
-    retry loop catching InvalidInput swallows; nothing is written."""
+    clock's exception itself; nothing is written."""
     before = logical_dump(db_path)
     with (
         Ledger(db_path, clock=_Raising(raised(MARKER))) as other,
@@ -628,6 +641,64 @@ def test_a_raising_clock_passes_its_own_exception_and_writes_nothing(
     ):
         WRITES[write](other, seeded)
     assert logical_dump(db_path) == before
+
+
+class _FloatRaises:
+    """A value whose conversion to a number raises ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __float__(self) -> float:
+        raise self.exc
+
+    def __index__(self) -> int:
+        raise self.exc
+
+
+INTERRUPTS = [KeyboardInterrupt, SystemExit]
+
+
+@pytest.mark.parametrize("raised", INTERRUPTS, ids=[r.__name__ for r in INTERRUPTS])
+def test_a_conversion_interrupted_passes_the_interrupt_through(
+    seeded: Seeded, db_path: Path, raised: type[BaseException]
+) -> None:
+    """A clock's value, a number of seconds or an amount whose conversion
+    is interrupted (Ctrl-C) is not bad input: the exception itself reaches
+    the caller, as in the peer, and nothing is written."""
+    value = _FloatRaises(raised(MARKER))
+    before = logical_dump(db_path)
+    clocked = Ledger(db_path, clock=lambda: value)
+    calls: list[Callable[[Ledger], object]] = [
+        lambda led: clocked.create_task(),
+        lambda led: led.create_task(timeout_seconds=value),
+        lambda led: led.reconcile(active_grace_seconds=value, delivery_grace_seconds=1),
+        lambda led: led.charge(seeded.running, tokens=value),
+    ]
+    with Ledger(db_path) as ledger:
+        for call in calls:
+            with pytest.raises(raised, match=MARKER):
+                call(ledger)
+    clocked.close()
+    assert logical_dump(db_path) == before
+
+
+CONVERSION_ERRORS = [*BAD_VALUE_ERRORS, RuntimeError, ZeroDivisionError]
+
+
+@pytest.mark.parametrize("raised", CONVERSION_ERRORS, ids=[r.__name__ for r in CONVERSION_ERRORS])
+def test_a_conversion_raising_an_error_is_invalid_input(
+    seeded: Seeded, db_path: Path, raised: type[BaseException]
+) -> None:
+    """A value that cannot become a number is bad input, whatever error
+    its conversion raises (for a TypeError, ValueError or OverflowError, as
+    in the peer; the peer passes other errors of a value through)."""
+    value = _FloatRaises(raised(MARKER))
+    with Ledger(db_path) as ledger:
+        assert_refused(db_path, lambda: ledger.create_task(timeout_seconds=value))
+        assert_refused(db_path, lambda: ledger.charge(seeded.running, tokens=value))
+    with Ledger(db_path, clock=lambda: value) as other:
+        assert_refused(db_path, other.create_task)
 
 
 def test_deadline_overflow_at_start_is_invalid_input(

@@ -3,6 +3,7 @@
 //! to the pure validators. Reports go back as dicts (tasks and charges as
 //! `taskwarden.models` instances, built in `objects`).
 
+use pyo3::exceptions::{PyException, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyString};
 
@@ -92,6 +93,42 @@ pub fn flag(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<bool> {
         .map_err(|_| Error::InvalidArgument(name, "must be bool"))
 }
 
+/// What the caller's clock raised, judged as the peer judges it: a
+/// `TypeError`, `ValueError` or `OverflowError` means it had no valid time
+/// (`InvalidInput`); anything else (Ctrl-C, a bug in the clock) reaches
+/// the caller as it was raised.
+pub fn clock_failed(py: Python<'_>, err: PyErr) -> Error {
+    let bad_value = err.is_instance_of::<PyTypeError>(py)
+        || err.is_instance_of::<PyValueError>(py)
+        || err.is_instance_of::<PyOverflowError>(py);
+    if bad_value {
+        INVALID_TIMESTAMP
+    } else {
+        Error::Raised(err)
+    }
+}
+
+/// A value's own conversion (`float()`, `operator.index`) failed. Any
+/// error is the value's fault: bad input (`bad`). What is no error at all
+/// (Ctrl-C, `SystemExit`) reaches the caller as it was raised: a retry
+/// loop catching `InvalidInput` must never swallow an interrupt.
+fn conversion_failed(py: Python<'_>, err: PyErr, bad: Error) -> Error {
+    if err.is_instance_of::<PyException>(py) {
+        bad
+    } else {
+        Error::Raised(err)
+    }
+}
+
+/// `float(obj)`, with a failure judged by [`conversion_failed`].
+fn float_of(obj: &Bound<'_, PyAny>, bad: Error) -> Result<f64> {
+    let py = obj.py();
+    py.get_type::<PyFloat>()
+        .call1((obj,))
+        .and_then(|f| f.extract::<f64>())
+        .map_err(|e| conversion_failed(py, e, bad))
+}
+
 /// A non-negative number of seconds: anything `float()` accepts except a
 /// bool, finite and at least 0 (the peer's rule). A refusal names the
 /// argument (`name`), never its value.
@@ -99,12 +136,7 @@ pub fn seconds(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<f64> {
     if obj.is_instance_of::<PyBool>() {
         return Err(Error::InvalidArgument(name, "must not be a bool"));
     }
-    let as_float = obj
-        .py()
-        .get_type::<PyFloat>()
-        .call1((obj,))
-        .and_then(|f| f.extract::<f64>())
-        .map_err(|_| Error::InvalidArgument(name, "is not a number"))?;
+    let as_float = float_of(obj, Error::InvalidArgument(name, "is not a number"))?;
     validate::non_negative_seconds(as_float, name)
 }
 
@@ -134,14 +166,13 @@ pub fn amount(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<i64> {
             return Err(bad());
         }
         v as i64
-    } else if let Ok(index) = obj
-        .py()
-        .import("operator")
-        .and_then(|operator| operator.call_method1("index", (obj,)))
-    {
-        index.extract::<i64>().map_err(|_| bad())?
     } else {
-        return Err(bad());
+        let py = obj.py();
+        py.import("operator")
+            .and_then(|operator| operator.call_method1("index", (obj,)))
+            .map_err(|e| conversion_failed(py, e, bad()))?
+            .extract::<i64>()
+            .map_err(|_| bad())?
     };
     validate::non_negative_int(value).map_err(|_| bad())
 }
@@ -182,14 +213,12 @@ pub fn delivery_status(obj: &Bound<'_, PyAny>) -> Result<DeliveryStatus> {
     DeliveryStatus::parse(&text(obj, "unknown delivery status")?)
 }
 
+/// The refusal of a clock that gave no usable time, in the peer's words.
+pub const INVALID_TIMESTAMP: Error = Error::Invalid("clock returned an invalid timestamp");
+
 /// A clock reading: whatever `float()` makes of it, finite.
 pub fn timestamp(obj: &Bound<'_, PyAny>) -> Result<f64> {
-    let value = obj
-        .py()
-        .get_type::<PyFloat>()
-        .call1((obj,))
-        .and_then(|f| f.extract::<f64>())
-        .map_err(|_| Error::Invalid("clock returned an invalid timestamp"))?;
+    let value = float_of(obj, INVALID_TIMESTAMP)?;
     validate::timestamp(value)
 }
 

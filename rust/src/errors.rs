@@ -31,10 +31,12 @@ pub enum Error {
     Storage(&'static str),
     /// A bug or an impossible state: CLI exit 3.
     Internal(&'static str),
-    /// The caller's clock raised. Its own exception reaches the caller, as
+    /// Python code the call ran for the caller (its clock, a value's
+    /// conversion) raised what is not a bad value's error (see
+    /// `convert::clock_failed`). Its own exception reaches the caller, as
     /// from any Python callable: a `KeyboardInterrupt` stays one, a retry
     /// loop never mistakes it for bad input. Nothing was written.
-    Clock(PyErr),
+    Raised(PyErr),
     /// A signal handler raised while the call waited for the write lock
     /// (Ctrl-C): its exception reaches the caller. Nothing was written.
     Interrupted(PyErr),
@@ -53,7 +55,7 @@ impl fmt::Display for Error {
             Error::Busy => f.write_str("ledger is busy: write lock not acquired in time"),
             Error::Full => f.write_str("storage is full: nothing was written"),
             Error::Corrupt => f.write_str(CORRUPT_TEXT),
-            Error::Clock(err) => write!(f, "the clock raised {err}"),
+            Error::Raised(err) => write!(f, "the caller's code raised {err}"),
             Error::Interrupted(err) => write!(f, "the lock wait was interrupted by {err}"),
         }
     }
@@ -113,7 +115,7 @@ mod py {
 impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
         match err {
-            Error::Clock(raised) | Error::Interrupted(raised) => raised,
+            Error::Raised(raised) | Error::Interrupted(raised) => raised,
             e @ (Error::Invalid(_) | Error::InvalidArgument(..)) => {
                 py::InvalidInput::new_err(e.to_string())
             }

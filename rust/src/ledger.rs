@@ -59,11 +59,14 @@ impl std::ops::DerefMut for HeldStore<'_> {
     }
 }
 
-fn system_now() -> Result<f64> {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .map_err(|_| Error::Invalid("clock returned an invalid timestamp"))
+/// The system's time in Unix seconds, as `time.time()` gives it: before
+/// 1970 (a machine whose clock was never set) it is negative, which the
+/// peer stores as any other time.
+fn system_now() -> f64 {
+    match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(after) => after.as_secs_f64(),
+        Err(before) => -before.duration().as_secs_f64(),
+    }
 }
 
 impl LedgerCore {
@@ -90,9 +93,12 @@ impl LedgerCore {
 
     fn now(&self) -> Result<f64> {
         match &self.clock {
-            None => system_now(),
+            None => Ok(system_now()),
             Some(clock) => Python::attach(|py| {
-                let value = clock.bind(py).call0().map_err(Error::Clock)?;
+                let value = clock
+                    .bind(py)
+                    .call0()
+                    .map_err(|e| convert::clock_failed(py, e))?;
                 convert::timestamp(&value)
             }),
         }
