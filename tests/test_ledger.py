@@ -281,6 +281,43 @@ def test_time_only_moves_forward(ledger: Ledger, clock: FrozenClock) -> None:
     assert ledger.close_task(task.id, "succeeded").ended_at == clock.now
 
 
+@pytest.mark.parametrize(
+    ("now", "id_millis"),
+    [
+        (1_800_000_000.25, 1_800_000_000_250),
+        (-203_799_499.5, 0),  # before 1970: the id holds 0, the task its time
+        (1e308, 2**48 - 1),  # past what an id can hold: the latest it can
+    ],
+)
+def test_new_ids_carry_the_ledgers_clock_and_never_fail(
+    db_path: Path, now: float, id_millis: int
+) -> None:
+    """A new id is a version 7 UUID stamped by the ledger's clock, so it
+    agrees with the task's created_at; a time the UUID cannot hold is
+    clamped rather than failing (a system clock before 1970 once made id
+    generation panic). Ids made at one frozen time still sort in order.
+    (A thread's ids never sort backwards, whatever its clocks do: each case
+    runs in a thread of its own.)"""
+    import uuid as uuid_module
+
+    made: list[Task] = []
+
+    def create() -> None:
+        with Ledger(db_path, clock=FrozenClock(now)) as ledger:
+            made.extend(ledger.create_task() for _ in range(50))
+
+    worker = threading.Thread(target=create)
+    worker.start()
+    worker.join()
+    assert len(made) == 50 and {t.created_at for t in made} == {now}
+    ids = [uuid_module.UUID(t.id) for t in made]
+    assert {i.version for i in ids} == {7}
+    assert {i.int >> 80 for i in ids} == {id_millis}
+    assert [str(i) for i in sorted(ids)] == [t.id for t in made]
+    with Ledger(db_path) as ledger:
+        assert ledger.doctor()["healthy"] is True
+
+
 def test_unknown_task_is_not_found(ledger: Ledger) -> None:
     missing = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
     for call in (

@@ -3,7 +3,7 @@
 //! turns the result back into Python values afterwards.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use pyo3::prelude::*;
@@ -134,10 +134,10 @@ impl LedgerCore {
         let turn = self.queue.wait_turn(timeout)?;
         // In turn, nothing else of this process holds the store (only a
         // forked child's guard takes it, in the child).
-        let store = self
-            .store
-            .lock()
-            .map_err(|_| Error::Internal("ledger lock poisoned"))?;
+        // A panic in an earlier call (a bug) poisoned the lock. Its
+        // transaction rolled back as it unwound, so the store is as the
+        // last commit left it: the handle stays usable, and closable.
+        let store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(HeldStore { store, _turn: turn })
     }
 

@@ -122,14 +122,40 @@ fn same_identity(task: &TaskRow, new: &NewTask) -> bool {
         && task.max_attempts == new.max_attempts
 }
 
+thread_local! {
+    /// Orders the ids one thread makes, even at one clock reading (a
+    /// frozen test clock): a later id never sorts before an earlier one.
+    static ID_SEQUENCE: uuid::ContextV7 = const { uuid::ContextV7::new() };
+}
+
+/// The latest time a version 7 UUID can hold (2^48 - 1 milliseconds).
+const LATEST_ID_SECONDS: f64 = 281_474_976_710.655;
+
+/// A new task id: a version 7 UUID carrying the task's creation time by
+/// the ledger's clock, so an injected clock's ids agree with the tasks'
+/// `created_at`. A time the UUID cannot hold (before 1970, after the
+/// year 10889) is clamped: ids stay unique by their random bits, and no
+/// clock setting can make the id fail (a system clock before 1970 once
+/// made the UUID library panic).
+fn new_id(now: f64) -> String {
+    let seconds = if now > 0.0 {
+        now.min(LATEST_ID_SECONDS)
+    } else {
+        0.0
+    };
+    // In range by the clamp: the casts neither wrap nor saturate.
+    let whole = seconds.trunc() as u64;
+    let nanos = ((seconds - seconds.trunc()) * 1e9) as u32;
+    ID_SEQUENCE.with(|sequence| {
+        uuid::Uuid::new_v7(uuid::Timestamp::from_unix(sequence, whole, nanos)).to_string()
+    })
+}
+
 /// Creates a queued task, or returns the existing one when `new` repeats
 /// its immutable fields (idempotent retry); other differences conflict.
 pub fn create(tx: &Transaction<'_>, new: &NewTask, clock: Clock<'_>) -> Result<TaskRow> {
     let now = clock()?;
-    let id = new
-        .id
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let id = new.id.clone().unwrap_or_else(|| new_id(now));
     if let Some(existing) = load(tx, &id)? {
         return if same_identity(&existing, new) {
             Ok(existing)
