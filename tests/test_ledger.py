@@ -281,6 +281,20 @@ def test_time_only_moves_forward(ledger: Ledger, clock: FrozenClock) -> None:
     assert ledger.close_task(task.id, "succeeded").ended_at == clock.now
 
 
+def test_a_patched_time_time_given_as_the_clock_is_called(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen-time test (monkeypatch, freezegun) that passes
+    ``clock=time.time`` hands over its own function: the ledger calls it,
+    as the peer does, instead of reading the system clock itself."""
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: 1_000_000.0)
+    with Ledger(db_path, clock=time.time) as ledger:
+        assert ledger.create_task().created_at == 1_000_000.0
+    assert Ledger.in_memory(clock=time.time).create_task().created_at == 1_000_000.0
+
+
 @pytest.mark.parametrize(
     ("now", "id_millis"),
     [
