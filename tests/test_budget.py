@@ -777,6 +777,40 @@ def test_a_charge_names_the_task_whose_limit_ran_out(ledger: Ledger) -> None:
     assert ledger.budget(child.id).exhausted_task_id is None
 
 
+def test_cancel_subtree_reads_the_clock_once_and_is_not_stopped_by_skew(db_path: Path) -> None:
+    """One subtree cancel is one write: one clock reading for every task.
+    A sub-agent stamped by a host whose clock runs ahead is cancelled at
+    its own latest time (its times never go backwards) instead of the
+    whole emergency stop being refused while the tree charges on; a plain
+    cancel of that task is still refused, as every write behind a task's
+    times is."""
+    clock = FrozenClock(1_000.0)
+    reads: list[float] = []
+
+    def counting() -> float:
+        reads.append(clock.now)
+        return clock.now
+
+    with Ledger(db_path, clock=counting) as ledger:
+        root = ledger.create_task(llm_calls_budget=10)
+        children = [ledger.create_task(parent_id=root.id) for _ in range(3)]
+        clock.now = 1_005.0  # this sub-agent's host runs 5 s ahead
+        ledger.claim(children[0].id, "fast-host")
+        clock.now = 1_001.0
+        with pytest.raises(StateConflict, match="clock moved backwards"):
+            ledger.cancel(children[0].id)
+        reads.clear()
+        ledger.cancel(root.id, subtree=True)
+        assert reads == [1_001.0]
+        ended = {t.id: ledger.get_task(t.id).ended_at for t in (root, *children)}
+        assert ended == {root.id: 1_001.0, children[0].id: 1_005.0} | {
+            c.id: 1_001.0 for c in children[1:]
+        }
+        assert ledger.charge(children[0].id, worker="fast-host").allowed is False
+        assert ledger.doctor()["healthy"] is True
+        assert [e.at for e in ledger.events(children[0].id)][-1] == 1_005.0
+
+
 def test_cancel_subtree_under_a_root_that_already_ended(ledger: Ledger) -> None:
     """An orchestrator timed out by reconcile while its sub-agents run on:
     the subtree cancel stops them and leaves the ended root as it is (a

@@ -698,8 +698,14 @@ pub fn move_to(
 /// cancellation is its own event (`caller_cancelled`); terminal tasks,
 /// the root included (an orchestrator reconcile timed out while its
 /// sub-agents ran on), are left as they are. Returns the root.
+///
+/// The clock is read once, as for any write. A task whose own times are
+/// later than that reading (a worker's host clock ran ahead) is cancelled
+/// at its latest time, so its times never go backwards: an emergency stop
+/// refused for a few seconds of skew would leave the tree charging.
 pub fn cancel_tree(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<TaskRow> {
     let root = get(tx, id)?;
+    let now = clock()?;
     // UNION, not UNION ALL: a parent cycle in a damaged file ends the walk.
     let below: Vec<String> = tx
         .prepare_cached(
@@ -710,32 +716,30 @@ pub fn cancel_tree(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<T
         )?
         .query_map([&root.id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    let unfenced = Fence::default();
     for task_id in below {
         let task = get(tx, &task_id)?;
         if !task.status.is_terminal() {
-            let cancelled = Some("caller_cancelled");
-            compare_and_set(
-                tx,
-                &task_id,
-                task.status,
-                TaskStatus::Cancelled,
-                cancelled,
-                &unfenced,
-                clock,
-            )?;
+            cancel_at(tx, &task, now)?;
         }
     }
     if root.status.is_terminal() {
         return Ok(root);
     }
-    move_to(
+    cancel_at(tx, &root, now)
+}
+
+/// One cancellation of a subtree cancel, at `now` or, when the task's own
+/// times are later, at its latest time.
+fn cancel_at(tx: &Transaction<'_>, task: &TaskRow, now: f64) -> Result<TaskRow> {
+    let at = now.max(task.latest_timestamp());
+    compare_and_set(
         tx,
-        &root.id,
+        &task.id,
+        task.status,
         TaskStatus::Cancelled,
         Some("caller_cancelled"),
-        &unfenced,
-        clock,
+        &Fence::default(),
+        &|| Ok(at),
     )
 }
 
