@@ -564,6 +564,34 @@ def test_purge_more_than_one_batch(db_path: Path, clock: FrozenClock) -> None:
     assert stats["event_count"] == len(after["task_events"])
 
 
+def test_purge_batches_are_bounded_by_tasks_not_only_by_trees(
+    db_path: Path, clock: FrozenClock
+) -> None:
+    """A batch takes whole trees until it holds 4,096 tasks: two trees of
+    2,100 tasks fill the first batch, the third tree goes in a second one
+    (and a last, empty batch finds nothing more). Counted by trees alone,
+    all three went in one write transaction: 256 large trees held the
+    write lock for seconds."""
+    sizes = (2_100, 2_100, 1)
+    with opened(db_path, clock) as lg:
+        for size in sizes:
+            root = lg.create_task(delivery_required=False).id
+            child = {"parent_id": root, "delivery_required": False}
+            tree = [root, *(lg.create_task(**child).id for _ in range(size - 1))]
+            for task_id in tree:
+                lg.cancel(task_id)
+                lg.set_delivery(task_id, "not_applicable", code="internal_task")
+    clock.advance(3600)
+    with opened(db_path, clock) as lg:
+        dry = lg.purge(older_than_seconds=60, dry_run=True)
+        report = lg.purge(older_than_seconds=60)
+        assert lg.stats()["task_count"] == 0
+        assert lg.doctor()["healthy"] is True
+    assert (report["trees_purged"], report["tasks_purged"]) == (3, sum(sizes))
+    assert report["batches"] == 3
+    assert counts(dry) == {**counts(report), "dry_run": True}
+
+
 class Stopped(Exception):
     """What the test's signal handler raises."""
 

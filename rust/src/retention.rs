@@ -62,6 +62,10 @@ pub struct PurgeReport {
 /// wait milliseconds, not seconds.
 pub const PURGE_BATCH: i64 = 256;
 
+/// Tasks removed per write transaction, at most (but always one whole
+/// tree): 256 large trees in one batch held the write lock for seconds.
+pub const PURGE_BATCH_TASKS: usize = 4096;
+
 /// One batch of root ids after `after`, in id order, that are fully
 /// closed and last changed at or before `cutoff`, each with whether it has
 /// children (most trees are a single task: those need no tree walk).
@@ -167,7 +171,9 @@ fn purge_batch(
         tx.prepare_cached("SELECT count(*) FROM task_events WHERE task_id = ?1")?;
     let mut drop_events = tx.prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?;
     let mut drop_task = tx.prepare_cached("DELETE FROM tasks WHERE id = ?1")?;
+    let mut taken = 0;
     for (root, has_children) in roots {
+        let cursor = root.clone();
         let tree = if has_children {
             match closed_tree(tx, &root, cutoff, tenant)? {
                 Some(ids) => ids,
@@ -176,6 +182,7 @@ fn purge_batch(
         } else {
             vec![root]
         };
+        taken += tree.len();
         report.trees_purged += 1;
         // Children before parents, so no moment sees a dangling parent link.
         for id in tree.iter().rev() {
@@ -186,6 +193,9 @@ fn purge_batch(
                 drop_task.execute([id])?;
             }
             report.tasks_purged += 1;
+        }
+        if taken >= PURGE_BATCH_TASKS {
+            return Ok(Some(cursor)); // the next batch starts after this tree
         }
     }
     Ok(Some(last))
