@@ -306,6 +306,69 @@ def test_an_answer_that_cannot_be_written_is_exit_3_without_a_traceback(
     assert proc.stderr == ""
 
 
+def _many_tasks(db_path: Path, n: int = 1_500) -> None:
+    """A ledger whose full list is far larger than a pipe holds (64 KiB)."""
+    with Ledger(db_path) as ledger:
+        for _ in range(n):
+            ledger.create_task()
+
+
+def test_an_answer_its_reader_stopped_taking_is_exit_3(db_path: Path) -> None:
+    """A reader that leaves after the first bytes (``| head -c1``): Python's
+    buffered writer reports that as a short write, not an error, and the
+    cut-off answer once looked written (exit 0). The caller never got the
+    list: exit 3, no traceback."""
+    _many_tasks(db_path)
+    with subprocess.Popen(
+        [sys.executable, "-m", "taskwarden", "--db", str(db_path), "list", "--limit", "1500"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(1) == b"{"
+        proc.stdout.close()
+        assert proc.wait(timeout=60) == 3
+        assert proc.stderr.read() == b""
+
+
+def test_ctrl_c_while_the_answer_is_written_is_exit_130_without_a_traceback(
+    db_path: Path,
+) -> None:
+    """A slow reader (a pager): the command is done, its answer fills the
+    pipe, and Ctrl-C comes while it waits to write the rest."""
+    import signal
+    import time
+
+    _many_tasks(db_path)
+    with subprocess.Popen(
+        [sys.executable, "-m", "taskwarden", "--db", str(db_path), "list", "--limit", "1500"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.read(1) == b"{"  # it is writing; the pipe fills again
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err == b""
+    assert len(out) < 1_500 * 200  # cut short, not the whole list
+
+
+def test_the_last_format_given_is_the_one_every_answer_takes(db_path: Path) -> None:
+    """A wrapper that appends --format json gets JSON from every outcome,
+    an argument the parser refuses included."""
+    Ledger(db_path).close()
+    for limit, code in (("1", 0), ("0", 2), ("x", 2)):
+        argv = ["--format", "text", "list", "--format", "json", "--limit", limit]
+        answer = run_cli("--db", str(db_path), *argv)
+        assert answer[0] == code and answer[1] is not None, answer
+    code, out, text = run_cli(
+        "--db", str(db_path), "--format", "json", "list", "--form", "text", "--limit", "x"
+    )
+    assert (code, out) == (2, None) and text.startswith("error: InvalidInput")
+
+
 # Bad arguments the core refuses, each given to a command that would
 # otherwise open (and so create or migrate) the file.
 BAD_ARGUMENTS = [

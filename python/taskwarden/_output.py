@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any
 
-__all__ = ["emit"]
+__all__ = ["render"]
 
 # The list table: what an operator scans for. `code` says why a task waits
 # or how it ended; `attempts` and `llm_calls` are used/limit.
@@ -120,10 +119,9 @@ def _text(payload: dict[str, Any]) -> list[str]:
     return lines
 
 
-def emit(payload: dict[str, Any], fmt: str = "json", stream: TextIO | None = None) -> None:
-    """Write ``payload`` as one JSON line (sorted keys) or as readable text."""
-    out = stream if stream is not None else sys.stdout
+def render(payload: dict[str, Any], fmt: str = "json") -> str:
+    """``payload`` as one JSON line (sorted keys) or as readable text,
+    newline included."""
     if fmt == "text":
-        out.write("\n".join(_text(payload)) + "\n")
-    else:
-        out.write(_json_line(payload) + "\n")
+        return "\n".join(_text(payload)) + "\n"
+    return _json_line(payload) + "\n"

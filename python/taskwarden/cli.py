@@ -30,7 +30,7 @@ from ._fleet_cli import (
     given,
     task_answer,
 )
-from ._output import emit
+from ._output import render
 from .compat import DELIVERY_REASON_CODES, TASK_REASON_CODES
 from .errors import InvalidInput, LedgerError, StateConflict
 from .ledger import Ledger
@@ -482,6 +482,15 @@ COMMANDS: dict[str, Command] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C while an answer was being written: the command's effect
+        # (if any) is committed, the answer cut short; no traceback.
+        return EXIT_INTERRUPTED
+
+
+def _run(argv: Sequence[str] | None) -> int:
     fmt = _format_asked(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
@@ -505,14 +514,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _format_asked(argv: Sequence[str]) -> str:
-    """--format as typed, for refusals that come before parsing ends. Like
-    argparse, it takes a shortened flag (``--form text``)."""
+    """--format as typed, for refusals that come before parsing ends: the
+    last one given, as argparse takes it. Like argparse, it takes a
+    shortened flag (``--form text``)."""
+    asked = "json"
     for flag, following in itertools.pairwise([*argv, ""]):
         name, joined, value = flag.partition("=")
-        typed = value if joined else following
-        if len(name) > 2 and "--format".startswith(name) and typed == "text":
-            return "text"
-    return "json"
+        if len(name) > 2 and "--format".startswith(name):
+            asked = value if joined else following
+    return "text" if asked == "text" else "json"
 
 
 def _refusal(exc: LedgerError, fmt: str) -> dict[str, Any]:
@@ -542,15 +552,12 @@ def _refuse_bad_input(args: argparse.Namespace) -> None:
 
 
 def _say(payload: dict[str, Any], fmt: str, explanation: list[str] | None = None) -> bool:
-    """Writes the answer; False when standard output cannot take it (a
-    closed pipe, a full disk): the caller never got its answer, which is an
-    exit 3, never a traceback."""
+    """Writes the answer; False when standard output did not take all of
+    it (a closed pipe, a full disk): the caller never got its answer, which
+    is an exit 3, never a traceback."""
+    text = "\n".join(explanation) + "\n" if fmt == "text" and explanation else render(payload, fmt)
     try:
-        if fmt == "text" and explanation:
-            sys.stdout.write("\n".join(explanation) + "\n")
-        else:
-            emit(payload, fmt)
-        sys.stdout.flush()
+        _write_all(text)
         return True
     except (OSError, ValueError, AttributeError):
         # Python flushes standard output once more at exit; aim it at
@@ -558,3 +565,22 @@ def _say(payload: dict[str, Any], fmt: str, explanation: list[str] | None = None
         with contextlib.suppress(OSError, ValueError, AttributeError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return False
+
+
+def _write_all(text: str) -> None:
+    """Writes ``text`` to standard output, every byte or an error. Python's
+    buffered writer reports a reader that left halfway (``| head``) by
+    returning a short count, not by raising, so a cut-off answer looked
+    written; here the bytes go to the descriptor, each count checked, and
+    the write after a short one raises (a broken pipe)."""
+    out = sys.stdout
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError, AttributeError):  # not a file (a test's buffer)
+        out.write(text)
+        out.flush()
+        return
+    out.flush()
+    data = memoryview(text.encode(out.encoding or "utf-8", out.errors or "strict"))
+    while data:
+        data = data[os.write(fd, data) :]
