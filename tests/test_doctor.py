@@ -245,8 +245,10 @@ def tampering(path: Path, *, ignore_checks: bool = False) -> Iterator[sqlite3.Co
 
 
 def sequences(conn: sqlite3.Connection, task: str) -> list[int]:
+    """The event sequence numbers of a task, by its fixture name or its id."""
     rows = conn.execute(
-        "SELECT sequence FROM task_events WHERE task_id = ? ORDER BY sequence", (IDS[task],)
+        "SELECT sequence FROM task_events WHERE task_id = ? ORDER BY sequence",
+        (IDS.get(task, task),),
     )
     return [r[0] for r in rows]
 
@@ -281,7 +283,7 @@ def rechain(conn: sqlite3.Connection, task: str) -> None:
         ).fetchone()
         prev = chain_hash(prev, row)
         conn.execute("UPDATE task_events SET event_hash = ? WHERE sequence = ?", (prev, seq))
-    conn.execute("UPDATE tasks SET event_head = ? WHERE id = ?", (prev, IDS[task]))
+    conn.execute("UPDATE tasks SET event_head = ? WHERE id = ?", (prev, IDS.get(task, task)))
 
 
 def forger_reproduces_chain(path: Path) -> bool:
@@ -839,6 +841,26 @@ def test_forged_chain_is_caught_by_the_replay(forgery: str, copy: Path) -> None:
     assert report["event_chain_break_count"] == 0, report
     assert report["event_inconsistency_count"] == 1, report
     assert report["healthy"] is False
+
+
+def test_a_usage_counter_that_is_no_integer_is_damage_not_a_crash(db_path: Path) -> None:
+    """A child's counter stored as 0.5 (CHECKs pass it) beside a charged
+    sibling: the children's sum once overflowed and doctor panicked (a
+    BaseException, CLI exit 1 as if unhealthy). It is a budget
+    inconsistency, read-only or not."""
+    with Ledger(db_path) as lg:
+        parent = lg.create_task()
+        charged, damaged = (lg.create_task(parent_id=parent.id) for _ in range(2))
+        lg.claim(charged.id, "w")
+        assert lg.charge(charged.id, worker="w").allowed
+    with tampering(db_path) as conn:
+        conn.execute("UPDATE tasks SET llm_calls_used = 0.5 WHERE id = ?", (damaged.id,))
+    for read_only in (False, True):
+        with Ledger(db_path, read_only=read_only) as lg:
+            report = lg.doctor()
+        assert report["healthy"] is False and report["budget_inconsistency_count"] >= 1
+    code, out, _ = run_cli("--db", str(db_path), "doctor")
+    assert (code, out["healthy"]) == (1, False)
 
 
 # --------------------------------------------------------------------------

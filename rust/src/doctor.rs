@@ -280,9 +280,11 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             match &next_child {
                 Some(c) if c.parent < task.id => report.orphan_count += 1,
                 Some(c) if c.parent == task.id => {
-                    sums.calls += c.calls;
-                    sums.tokens += c.tokens;
-                    sums.cost += c.cost;
+                    // Saturating: an unreadable counter reads as i128::MAX,
+                    // so the parent is then found not rolled up.
+                    sums.calls = sums.calls.saturating_add(c.calls);
+                    sums.tokens = sums.tokens.saturating_add(c.tokens);
+                    sums.cost = sums.cost.saturating_add(c.cost);
                 }
                 _ => break,
             }

@@ -3,6 +3,7 @@
 //! turns the result back into Python values afterwards.
 
 use std::cell::RefCell;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -152,7 +153,12 @@ impl LedgerCore {
             let store = guard.as_mut().ok_or(Error::Conflict("ledger is closed"))?;
             let _inside = OwnCall::enter(self);
             let clock = || self.now();
-            op(store, &clock)
+            // A panic is a bug here: its transaction rolls back as it
+            // unwinds, and the caller gets a RuntimeError (CLI exit 3),
+            // not PyO3's PanicException, a BaseException that `except
+            // Exception` misses. The store stays usable.
+            panic::catch_unwind(AssertUnwindSafe(|| op(store, &clock)))
+                .unwrap_or(Err(Error::Internal("internal error in the ledger core")))
         })
         .map_err(PyErr::from)
     }
