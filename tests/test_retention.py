@@ -27,7 +27,7 @@ import pytest
 from taskwarden import Ledger
 from taskwarden.errors import InvalidInput, StateConflict, TaskNotFound
 
-from .conftest import FrozenClock, logical_dump, run_cli
+from .conftest import FrozenClock, logical_dump, run_cli, run_python
 
 STATUSES = [
     "queued",
@@ -590,6 +590,51 @@ def test_purge_batches_are_bounded_by_tasks_not_only_by_trees(
     assert (report["trees_purged"], report["tasks_purged"]) == (3, sum(sizes))
     assert report["batches"] == 3
     assert counts(dry) == {**counts(report), "dry_run": True}
+
+
+PURGE_IN_A_CHILD = """
+import sys
+from taskwarden import Ledger, LedgerError
+with Ledger(sys.argv[1]) as lg:
+    for dry_run in (True, False):
+        try:
+            print(lg.purge(older_than_seconds=0, dry_run=dry_run)["tasks_purged"], flush=True)
+        except LedgerError as refused:
+            print(type(refused).__name__, flush=True)
+"""
+
+
+def test_purge_ends_on_a_tree_whose_ids_a_flipped_bit_duplicated(db_path: Path) -> None:
+    """One bit flipped in the table's copy of a grandchild's id (the id
+    index does not see it) gives it the root's id: a parent cycle the tree
+    walk once followed for ever, in a write transaction Ctrl-C could not
+    end. The walk now stops where an id repeats."""
+    root_id = "00000000-0000-4000-8000-000000000001"
+    twin_id = "00000000-0000-4000-8000-000000000003"  # one bit from root_id
+    with Ledger(db_path) as lg:
+        root = lg.create_task(task_id=root_id, delivery_required=False).id
+        child = lg.create_task(parent_id=root, delivery_required=False).id
+        twin = lg.create_task(task_id=twin_id, parent_id=child, delivery_required=False).id
+        for task_id in (twin, child, root):
+            lg.cancel(task_id)
+            lg.set_delivery(task_id, "not_applicable", code="internal_task")
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        table_page = conn.execute(
+            "SELECT rootpage FROM sqlite_schema WHERE name = 'tasks'"
+        ).fetchone()[0]
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    data = bytearray(db_path.read_bytes())
+    start = (table_page - 1) * page_size  # three rows: the table is one leaf page
+    at = data.find(twin_id.encode(), start, start + page_size)
+    assert at > 0 and data.find(twin_id.encode(), at + 1, start + page_size) == -1
+    data[at + 35] ^= 0x02  # '3' -> '1'
+    db_path.write_bytes(bytes(data))
+    # Ends (the run fails the test after 120 s): the dry run counts, the
+    # apply purges or refuses the damaged tree cleanly.
+    dry, applied = run_python(PURGE_IN_A_CHILD, str(db_path))[:2]
+    assert int(dry) <= 3 and applied in (dry, "StateConflict")
+    with Ledger(db_path) as lg:
+        assert lg.doctor()["healthy"] is False
 
 
 class Stopped(Exception):

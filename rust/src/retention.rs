@@ -89,8 +89,10 @@ fn next_roots(
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+// UNION, not UNION ALL: an id duplicated by damage (a flipped bit in the
+// table, which the index does not see) makes a cycle, and the walk ends.
 const TREE: &str = "WITH RECURSIVE tree(id) AS (
-    SELECT ?1 UNION ALL SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)";
+    SELECT ?1 UNION SELECT t.id FROM tasks t JOIN tree ON t.parent_id = tree.id)";
 
 /// Every task of the tree under `root`, if every one of them is fully
 /// closed, old enough and (when scoped) of the tenant; otherwise `None`.
