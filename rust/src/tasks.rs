@@ -832,7 +832,9 @@ fn list_sql(q: &ListQuery, after: bool) -> String {
         status,
         q.tenant.as_ref().map(|_| "tenant = :tenant".to_owned()),
         q.owner.as_ref().map(|_| "owner = :owner".to_owned()),
-        q.parent_id.as_ref().map(|_| "parent_id = :parent".to_owned()),
+        q.parent_id
+            .as_ref()
+            .map(|_| "parent_id = :parent".to_owned()),
         after.then(|| "(created_at, id) > (:after_at, :after_id)".to_owned()),
     ]
     .into_iter()
@@ -892,13 +894,22 @@ mod tests {
             "SEARCH tasks USING INDEX tasks_queue_idx ((created_at,id)>(?,?))"
         );
         assert_eq!(
-            plan(&list_sql(&query(Some(TaskStatus::Queued), true, false), true))?,
+            plan(&list_sql(
+                &query(Some(TaskStatus::Queued), true, false),
+                true
+            ))?,
             "SEARCH tasks USING INDEX tasks_tenant_queue_idx (tenant=? AND (created_at,id)>(?,?))"
         );
         assert!(plan(&list_sql(&query(None, false, true), true))?
             .starts_with("SEARCH tasks USING INDEX tasks_parent_idx (parent_id=?)"));
-        let running = plan(&list_sql(&query(Some(TaskStatus::Running), false, false), false))?;
-        assert!(running.starts_with("SCAN tasks USING INDEX tasks_running_idx"), "{running}");
+        let running = plan(&list_sql(
+            &query(Some(TaskStatus::Running), false, false),
+            false,
+        ))?;
+        assert!(
+            running.starts_with("SCAN tasks USING INDEX tasks_running_idx"),
+            "{running}"
+        );
         Ok(())
     }
 }
