@@ -72,3 +72,54 @@ def test_a_row_at_the_last_version_is_damage_for_every_write(db_path: Path, writ
         with pytest.raises(StateConflict, match="stored task metadata failed validation"):
             WRITES_OF_A_RUNNING_TASK[write](ledger, task.id)
         assert ledger.get_task(task.id) == before
+
+def test_reconcile_passes_over_rows_no_write_could_make(db_path: Path) -> None:
+    """Rows every other write refuses as damage: one at the last version
+    (``version + 1`` stored a REAL no read accepted, so the apply turned a
+    file doctor called healthy into an unhealthy one), one whose start time
+    is text (SQL sorts text after every number, so the whole pass was
+    refused as a clock behind the row). The pass leaves both as they are
+    and decides the rest; the dry run counts the same."""
+    from .conftest import FrozenClock
+
+    clock = FrozenClock(1_000.0)
+    with Ledger(db_path, clock=clock) as ledger:
+        at_last, text_time, lost = (ledger.create_task() for _ in range(3))
+        for task in (at_last, text_time, lost):
+            ledger.claim(task.id, "w1")
+        closed = ledger.create_task()
+        ledger.claim(closed.id, "w2")
+        ledger.close_task(closed.id, "succeeded", worker="w2")
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        for task in (at_last, closed):
+            conn.execute("UPDATE tasks SET version = ? WHERE id = ?", (2**63 - 1, task.id))
+        conn.execute("UPDATE tasks SET started_at = 'x' WHERE id = ?", (text_time.id,))
+    clock.advance(100_000)
+    graces = {"active_grace_seconds": 600, "delivery_grace_seconds": 600}
+    with Ledger(db_path, clock=clock) as ledger:
+        healthy_before = ledger.doctor()
+        dry = ledger.reconcile(**graces, dry_run=True)
+        applied = ledger.reconcile(**graces)
+        assert ledger.reconcile(**graces, worker_lost="w1")["tasks_timed_out"] == 0
+        assert ledger.get_task(lost.id).status == "timed_out"
+        assert ledger.get_task(at_last.id).status == "running"
+        after = ledger.doctor()
+        damage = [k for k in after if k.endswith("_count") and k != "event_count"]
+        assert {k: after[k] for k in damage} == {k: healthy_before[k] for k in damage}
+        assert after["healthy"] == healthy_before["healthy"]
+    assert (applied["tasks_timed_out"], applied["deliveries_failed"]) == (1, 0)
+    flags = ("dry_run", "applied")
+    assert {k: v for k, v in dry.items() if k not in flags} == {
+        k: v for k, v in applied.items() if k not in flags
+    }
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        stored = conn.execute(
+            "SELECT typeof(version), status, delivery_status FROM tasks WHERE id IN (?, ?, ?)",
+            (at_last.id, closed.id, text_time.id),
+        ).fetchall()
+    assert sorted(stored) == [
+        ("integer", "running", "pending"),
+        ("integer", "running", "pending"),
+        ("integer", "succeeded", "pending"),
+    ]
+
