@@ -73,6 +73,7 @@ def test_a_row_at_the_last_version_is_damage_for_every_write(db_path: Path, writ
             WRITES_OF_A_RUNNING_TASK[write](ledger, task.id)
         assert ledger.get_task(task.id) == before
 
+
 def test_reconcile_passes_over_rows_no_write_could_make(db_path: Path) -> None:
     """Rows every other write refuses as damage: one at the last version
     (``version + 1`` stored a REAL no read accepted, so the apply turned a
@@ -123,3 +124,17 @@ def test_reconcile_passes_over_rows_no_write_could_make(db_path: Path) -> None:
         ("integer", "succeeded", "pending"),
     ]
 
+
+def test_claim_next_passes_over_a_damaged_queued_row(db_path: Path) -> None:
+    """One queued row no read accepts (a tenant edited to 'ac me') once
+    stopped claim_next for every worker: the tasks behind it were never
+    handed out. It is passed over, and stays for doctor to count."""
+    with Ledger(db_path) as ledger:
+        tasks = [ledger.create_task(tenant="acme") for _ in range(5)]
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("UPDATE tasks SET tenant = 'ac me' WHERE id = ?", (tasks[2].id,))
+    with Ledger(db_path) as ledger:
+        claimed = [t.id for t in ledger.claim_next("w1", limit=10)]
+        assert claimed == [t.id for i, t in enumerate(tasks) if i != 2]
+        assert ledger.claim_next("w2") == []
+        assert ledger.doctor()["state_inconsistency_count"] == 1

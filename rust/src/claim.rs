@@ -88,7 +88,12 @@ fn claimable(
     let mut batch = Vec::new();
     let mut row = Some(first);
     while let Some(found) = row {
-        let task = TaskRow::checked(found)?;
+        // A row no write accepts (damage, which doctor counts) is passed
+        // over: one flipped bit must not stall every worker's queue.
+        let Ok(task) = TaskRow::checked(found) else {
+            row = rows.next()?;
+            continue;
+        };
         if task.created_at > now {
             // The queue is in creation order: no task after this one can
             // be claimed either, and the write lock is held while it reads.
