@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import multiprocessing
 import os
 import queue
@@ -841,6 +842,26 @@ def test_forged_chain_is_caught_by_the_replay(forgery: str, copy: Path) -> None:
     assert report["event_chain_break_count"] == 0, report
     assert report["event_inconsistency_count"] == 1, report
     assert report["healthy"] is False
+
+
+@pytest.mark.parametrize("at", [math.inf, -math.inf, -5.0], ids=["inf", "-inf", "before-created"])
+def test_a_grant_dated_out_of_bounds_is_inconsistent(db_path: Path, at: float) -> None:
+    """A grant's time is in its event alone, so the replay bounds it: a
+    finite time, not before the task. Unbounded, a rehashed chain carried
+    ``Infinity`` into events() and the CLI's JSON."""
+    with Ledger(db_path, clock=FrozenClock(1_000.0)) as lg:
+        task = lg.create_task(llm_calls_budget=1)
+        lg.grant(task.id, calls=1)
+    if not forger_reproduces_chain(db_path):
+        pytest.skip("the event hash format is not the one this forger knows")
+    with tampering(db_path) as conn:
+        grant = sequences(conn, task.id)[-1]
+        conn.execute("UPDATE task_events SET occurred_at = ? WHERE sequence = ?", (at, grant))
+        rechain(conn, task.id)
+    report = doctor_of(db_path)
+    assert (report["event_chain_break_count"], report["event_inconsistency_count"]) == (0, 1)
+    with Ledger(db_path) as lg, pytest.raises(StateConflict):
+        lg.events(task.id)
 
 
 def test_a_usage_counter_that_is_no_integer_is_damage_not_a_crash(db_path: Path) -> None:

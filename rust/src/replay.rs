@@ -126,7 +126,11 @@ impl Chain {
             (false, events::TASK_TRANSITION) => self.task_transition(e),
             (false, events::DELIVERY_TRANSITION) => self.delivery_transition(e),
             (false, events::BUDGET_GRANTED) => {
-                e.from.is_none()
+                // A grant's time is in its event only (no row time checks
+                // it): at least bound it, finite and not before the task.
+                e.at.is_finite()
+                    && self.created_at.is_some_and(|created| e.at >= created)
+                    && e.from.is_none()
                     && e.to == self.status.as_str()
                     && e.code.as_deref() == Some("budget_granted")
                     && e.grant.is_some_and(|(c, t, m)| c >= 0 && t >= 0 && m >= 0)
