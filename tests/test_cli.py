@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import task_state_guard as tsg
@@ -490,6 +491,57 @@ def test_demo_takes_the_same_path_given_twice(tmp_path: Path) -> None:
     code, out, _ = run_cli("--db", "./demo.db", "demo", "--keep-db", "demo.db")
     assert code == 0 and out["ok"] is True
     assert (tmp_path / "demo.db").exists()
+
+
+def test_an_interrupted_demo_leaves_nothing_at_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C halfway through the demo once left a half-built ledger at
+    --keep-db (tasks still running, never reconciled), and every later demo
+    refused the path. The ledger is built under another name and takes its
+    own only when done: nothing is left behind, and the demo runs again."""
+    from taskwarden import demo
+
+    os.chmod(tmp_path, 0o700)
+    kept = tmp_path / "demo.db"
+    real = demo._reconcile
+
+    def interrupted(ledger: Ledger, *, dry_run: bool = False) -> dict[str, Any]:
+        if not dry_run:
+            raise KeyboardInterrupt
+        return real(ledger, dry_run=dry_run)
+
+    monkeypatch.setattr(demo, "_reconcile", interrupted)
+    code, out, _ = run_cli("demo", "--keep-db", str(kept))
+    assert (code, out) == (130, {"error": "Interrupted", "ok": False})
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(demo, "_reconcile", real)
+    assert run_cli("demo", "--keep-db", str(kept))[0] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["demo.db"]
+
+
+def test_of_two_demos_given_one_path_one_gets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another demo (or anything) took the path while this one ran: this
+    one refuses, leaves the other's file as it is and cleans up after
+    itself; it never shares the file."""
+    from taskwarden import demo
+
+    os.chmod(tmp_path, 0o700)
+    kept = tmp_path / "demo.db"
+    real = demo._run
+
+    def overtaken(path: Path, options: dict[str, Any]) -> dict[str, Any]:
+        reports = real(path, options)
+        kept.write_bytes(b"the other demo's ledger")
+        return reports
+
+    monkeypatch.setattr(demo, "_run", overtaken)
+    code, out, _ = run_cli("demo", "--keep-db", str(kept))
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert kept.read_bytes() == b"the other demo's ledger"
+    assert [p.name for p in tmp_path.iterdir()] == ["demo.db"]
 
 
 def test_demo_refuses_a_bad_global_option_and_writes_nothing(tmp_path: Path) -> None:

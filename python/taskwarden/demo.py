@@ -9,13 +9,15 @@ show that nothing changes the second time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidInput
+from .errors import InvalidInput, StateConflict
 from .ledger import Ledger
 
 __all__ = ["ACTIVE_GRACE", "DELIVERY_GRACE", "explain", "run_demo"]
@@ -77,28 +79,64 @@ def run_demo(
     """Build the scenario and return the preview, apply and recheck reports.
 
     ``db`` must not exist yet: the demo reconciles everything in its ledger,
-    and a real ledger's tasks are not the demo's to time out. The keywords
-    are the ledger's own, for each open.
+    and a real ledger's tasks are not the demo's to time out. It is built
+    under a temporary name beside ``db`` and given its name only when the
+    recheck is done, by a link that refuses an existing file: an
+    interrupted demo leaves nothing at ``db``, and of two demos given one
+    path, one gets it. The keywords are the ledger's own, for each open.
     """
     options: dict[str, Any] = {
         "busy_timeout_ms": busy_timeout_ms,
         "allow_external_acl": allow_external_acl,
     }
     if db is not None and any(os.path.lexists(f"{db}{s}") for s in ("", "-wal", "-journal")):
-        raise InvalidInput("the demo builds a new ledger; that path already exists")
-    with tempfile.TemporaryDirectory(prefix="taskwarden-demo-") as tmp:
-        path = Path(db) if db is not None else Path(tmp) / "private" / "demo.db"
-        now = time.time()
-        clock = _ScriptClock(now)
-        with Ledger(path, clock=clock, **options) as ledger:
-            _populate(ledger, clock, now)
-            clock.now = now
-        with Ledger(path, clock=clock, read_only=True, **options) as reader:
-            preview = _reconcile(reader, dry_run=True)
-        with Ledger(path, clock=clock, **options) as ledger:
-            applied = _reconcile(ledger)
-            recheck = _reconcile(ledger)
+        raise InvalidInput(_EXISTS)
+    if db is None:
+        with tempfile.TemporaryDirectory(prefix="taskwarden-demo-") as tmp:
+            return _run(Path(tmp) / "private" / "demo.db", options)
+    final = Path(db)
+    building = final.with_name(f".{final.name}.{uuid.uuid4().hex}.demo")
+    try:
+        reports = _run(building, options)
+        _give_name(building, final)
+        return reports
+    finally:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{building}{suffix}")
+
+
+_EXISTS = "the demo builds a new ledger; that path already exists"
+
+
+def _run(path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    now = time.time()
+    clock = _ScriptClock(now)
+    with Ledger(path, clock=clock, **options) as ledger:
+        _populate(ledger, clock, now)
+        clock.now = now
+    with Ledger(path, clock=clock, read_only=True, **options) as reader:
+        preview = _reconcile(reader, dry_run=True)
+    with Ledger(path, clock=clock, **options) as ledger:
+        applied = _reconcile(ledger)
+        recheck = _reconcile(ledger)
     return {"preview": preview, "apply": applied, "recheck": recheck}
+
+
+def _give_name(built: Path, final: Path) -> None:
+    """Links the finished ledger in at ``final`` (never replacing a file
+    that appeared there meanwhile). Its last handle was writable, so its
+    last close folded the WAL back into the file: the file is the ledger."""
+    if os.path.lexists(f"{built}-wal"):
+        raise StateConflict("the demo's ledger was not closed cleanly")
+    try:
+        os.link(built, final)
+    except FileExistsError:
+        raise InvalidInput(_EXISTS) from None
+    except OSError:  # a file system without hard links: checked, then moved
+        if os.path.lexists(final):
+            raise InvalidInput(_EXISTS) from None
+        os.rename(built, final)
 
 
 def _reconcile(ledger: Ledger, *, dry_run: bool = False) -> dict[str, Any]:
