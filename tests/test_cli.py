@@ -262,6 +262,30 @@ def test_reads_refuse_a_missing_file_instead_of_making_one(tmp_path: Path, argv:
     assert not missing.parent.exists()
 
 
+@pytest.mark.parametrize("argv", READS[:-1], ids=[a[0] for a in READS[:-1]])
+@pytest.mark.parametrize("found", ["empty-file", "empty-database"])
+def test_reads_leave_a_file_that_holds_no_ledger_as_it_is(
+    tmp_path: Path, argv: list[str], found: str
+) -> None:
+    """An existing file that holds no ledger (0 bytes; another program's
+    empty database) is no more a ledger to a reading command than a missing
+    one: refused, never given a schema or a WAL. (The empty file keeps its
+    mode too; a SQLite file is made private, as by any open, before SQLite
+    reads it.)"""
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "ledger.db"
+    path.touch(mode=0o644)
+    if found == "empty-database":
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA user_version = 5")
+    before = path.read_bytes()
+    code, out, _ = _read(path, argv, str(uuid.uuid4()))
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert path.read_bytes() == before
+    assert path.stat().st_mode & 0o777 == (0o644 if found == "empty-file" else 0o600)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.db"]
+
+
 def test_db_and_format_may_come_before_or_after_the_command(db_path: Path) -> None:
     with Ledger(db_path) as ledger:
         task = ledger.create_task()

@@ -237,6 +237,9 @@ fn is_single_regular(meta: &Metadata) -> bool {
     meta.file_type().is_file() && meta.nlink() == 1 && meta.ino() != 0
 }
 
+/// An open that may not create met a file that holds no ledger yet.
+pub const NO_LEDGER_YET: Error = Error::Invalid("database file holds no ledger yet");
+
 /// Opens (creating when writable and `create`) the database file without
 /// following a link, checks it is one regular file with one name, sets mode 0600 (or,
 /// read-only, requires it) and returns its identity, with a lease on the
@@ -250,6 +253,9 @@ pub fn prepare_file(path: &DbPath, writable: bool, create: bool) -> Result<(Iden
         Err(e) => return Err(e.into()),
     };
     let opened = match &before {
+        // Refused before its mode is touched (the CLI's reads open with
+        // `create` off; a read-only open judges an empty file later).
+        Some(b) if writable && !create && b.len() == 0 => return Err(NO_LEDGER_YET),
         Some(b) => held_files::lease(Some((b.dev(), b.ino())), || {
             OpenOptions::new()
                 .read(true)

@@ -277,7 +277,7 @@ impl Store {
         let mut store = Store::new(conn, backing, Some(lease), timing, interruption.clone());
         store.configure()?;
         store.conn.pragma_update(None, "page_size", PAGE_SIZE)?;
-        store.prepare_file_with_retries(opts.busy_timeout_ms, opts.may.migrate)?;
+        store.prepare_file_with_retries(opts.busy_timeout_ms, opts.may)?;
         fsguard::verify_identity(&path, identity)?;
         fsguard::secure_sidecars(&path, true)?;
         store.wal = fsguard::open_wal(&path).map(wal_flush::Pacer::new);
@@ -289,7 +289,7 @@ impl Store {
     /// without consulting the busy handler (a journal-mode switch, a WAL
     /// being initialised); so the whole step is retried until the busy
     /// timeout has passed, and only then is `LedgerBusy` raised.
-    fn prepare_file_with_retries(&mut self, busy_timeout_ms: u32, migrate: bool) -> Result<()> {
+    fn prepare_file_with_retries(&mut self, busy_timeout_ms: u32, may: FileChanges) -> Result<()> {
         let started = Instant::now();
         let deadline = started + Duration::from_millis(u64::from(busy_timeout_ms));
         let mut watch = busy::SignalWatch::from(started);
@@ -297,7 +297,7 @@ impl Store {
             // Explained before a retry: a wait a signal ended (in a pragma,
             // outside any transaction) must not be retried and forgotten.
             match self
-                .judge_then_prepare(migrate)
+                .judge_then_prepare(may)
                 .map_err(|e| self.interruption.explain(e))
             {
                 Err(Error::Busy) if watch.signalled(&self.interruption) => {
@@ -512,11 +512,17 @@ impl Store {
     /// Judges the file before changing anything about it: a file that is
     /// not a ledger, or a peer file that fails migration, keeps every byte
     /// (even its journal mode). Only then is it switched to WAL, and a new
-    /// file given its schema.
-    fn judge_then_prepare(&mut self, migrate: bool) -> Result<()> {
+    /// file given its schema, if this open may create one: an existing
+    /// file that holds no ledger yet (empty, another program's empty
+    /// database) is no more a ledger to a reading command than a missing
+    /// one.
+    fn judge_then_prepare(&mut self, may: FileChanges) -> Result<()> {
         let found = self.read(|tx| schema::inspect(tx))?;
+        if matches!(found, Found::Empty) && !may.create {
+            return Err(fsguard::NO_LEDGER_YET);
+        }
         if let Found::Peer(_) = found {
-            if !migrate {
+            if !may.migrate {
                 return Err(NOT_MIGRATED);
             }
             self.migrate_and_compact()?;
