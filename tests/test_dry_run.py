@@ -219,16 +219,34 @@ def _refused_read_only(path: Path) -> None:
     assert disk_state(path) == before
 
 
-def test_rollback_journal_file_is_refused_read_only(tmp_path: Path) -> None:
-    src, _ = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+@pytest.mark.parametrize("kind", ["taskwarden", "peer_v2"])
+def test_a_closed_rollback_journal_file_is_previewed_from_its_copy(
+    tmp_path: Path, kind: str
+) -> None:
+    """A file in rollback-journal mode, closed (no -journal): a ledger
+    restored from a ``VACUUM INTO`` backup is one. Its private copy needs
+    no header patch; the preview equals the WAL file's, the CLI's reading
+    commands answer (the peer's doctor does), and no byte changes."""
+    src, _ = build_file(private_dir(tmp_path, "subject"), kind)
     path = private_dir(tmp_path, "rollback") / "ledger.db"
-    shutil.copyfile(src, path)
+    with contextlib.closing(sqlite3.connect(src)) as conn:
+        conn.execute("VACUUM INTO ?", (str(path),))
     os.chmod(path, 0o600)
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
     assert path.read_bytes()[18:20] == b"\x01\x01"
     assert sorted(os.listdir(path.parent)) == ["ledger.db"]
-    _refused_read_only(path)
+    before = disk_state(path)
+    graces = {"active_grace_seconds": 600.0, "delivery_grace_seconds": 600.0}
+    with Ledger(src, read_only=True, clock=FrozenClock(BASE + 3600)) as wal_mode:
+        expected = wal_mode.reconcile(**graces, dry_run=True)
+    with Ledger(path, read_only=True, clock=FrozenClock(BASE + 3600)) as reader:
+        assert reader.reconcile(**graces, dry_run=True) == expected
+        assert reader.doctor()["healthy"] is True
+    # A task-state-guard file's plain doctor answers from the copy, too.
+    for mode in (["--read-only"], [] if kind == "peer_v2" else ["--read-only"]):
+        code, out, _ = run_cli("--db", str(path), "doctor", *mode)
+        assert (code, out["healthy"]) == (0, True)
+    assert disk_state(path) == before
+    assert sorted(os.listdir(path.parent)) == ["ledger.db"]
 
 
 @pytest.mark.parametrize("content", [b"", b"not a database at all" * 100], ids=["empty", "junk"])

@@ -236,14 +236,19 @@ fn as_rollback_journal(chunk: &mut [u8], offset: u64) {
     }
 }
 
+/// A SQLite file in WAL mode (2, 2) or, closed (no `-journal`: the caller
+/// checked the sidecars), in rollback-journal mode (1, 1): a peer file
+/// restored from a `VACUUM INTO` backup is one, and its copy needs no patch.
 fn check_header(header: &[u8; 20]) -> Result<()> {
     if &header[..16] != b"SQLite format 3\0" {
         return Err(Error::Corrupt);
     }
-    if header[18] != 2 || header[19] != 2 {
-        return Err(Error::Conflict("read-only snapshot requires WAL mode"));
+    match (header[18], header[19]) {
+        (2, 2) | (1, 1) => Ok(()),
+        _ => Err(Error::Conflict(
+            "read-only snapshot requires a WAL or rollback-journal file",
+        )),
     }
-    Ok(())
 }
 
 /// Loads a private in-memory copy of the closed ledger at `path`.
