@@ -398,6 +398,10 @@ def test_incomplete_sidecars_are_refused(tmp_path: Path, sidecars: tuple[str, ..
         os.chmod(side, 0o600)
     _refused_read_only(path)
     assert all(Path(f"{path}{s}").stat().st_size == 0 for s in sidecars)
+    # The refusal says what to do: one writable open recovers the file.
+    code, _, text = run_cli("--db", str(path), "--format", "text", "doctor", "--read-only")
+    assert code == 2 and "open the ledger writable once to recover it" in text
+    assert run_cli("--db", str(path), "doctor")[1]["healthy"] is True
 
 
 def test_loose_sidecar_modes_are_refused_not_tightened(tmp_path: Path) -> None:

@@ -125,6 +125,11 @@ pub struct FileChanges {
     pub migrate: bool,
 }
 
+/// A read-only open found a crashed writer's sidecars. Any writable open
+/// (a writing command, `doctor` without `--read-only`) recovers the file.
+const INCOMPLETE_SIDECARS: &str = "SQLite sidecar state is incomplete (a writer stopped \
+     halfway): open the ledger writable once to recover it";
+
 /// A writable open told not to migrate met a task-state-guard file.
 const NOT_MIGRATED: Error =
     Error::Conflict("the ledger is a task-state-guard file, and this open may not migrate it");
@@ -335,9 +340,9 @@ impl Store {
         let (identity, mut lease) = fsguard::prepare_file(&path, false, false)?;
         fsguard::secure_sidecars(&path, false)?;
         let (conn, journal_mode) = match fsguard::sidecar_state(&path) {
-            Sidecars::Incomplete => {
-                return Err(Error::Conflict("SQLite sidecar state is incomplete"))
-            }
+            // What a writer killed halfway through its close (or its
+            // transaction) leaves; reading it in place could miss pages.
+            Sidecars::Incomplete => return Err(Error::Conflict(INCOMPLETE_SIDECARS)),
             Sidecars::LiveWal => {
                 let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
                     | OpenFlags::SQLITE_OPEN_NO_MUTEX
