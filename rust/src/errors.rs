@@ -70,6 +70,14 @@ impl From<rusqlite::Error> for Error {
             Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Busy,
             Some(ErrorCode::DiskFull) => Error::Full,
             Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) => Error::Corrupt,
+            // SQLite cannot make the WAL or journal beside the file: not
+            // the handle's mode, the directory's.
+            Some(ErrorCode::ReadOnly)
+                if matches!(&err, rusqlite::Error::SqliteFailure(e, _)
+                    if e.extended_code == rusqlite::ffi::SQLITE_READONLY_DIRECTORY) =>
+            {
+                Error::Conflict("the ledger's directory is not writable")
+            }
             Some(ErrorCode::ReadOnly) => Error::Conflict("ledger is read-only"),
             Some(ErrorCode::ConstraintViolation) => {
                 Error::Conflict("stored task metadata failed validation")
@@ -149,5 +157,23 @@ mod tests {
         let mapped = Error::from(err);
         assert!(matches!(mapped, Error::Full));
         assert!(!mapped.to_string().contains("secret"));
+    }
+
+    /// A WAL or journal SQLite could not create beside the file names the
+    /// directory; any other read-only refusal names the handle.
+    #[test]
+    fn a_read_only_directory_is_named() {
+        let refusal = |code| {
+            let err = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None);
+            Error::from(err).to_string()
+        };
+        assert_eq!(
+            refusal(rusqlite::ffi::SQLITE_READONLY_DIRECTORY),
+            "the ledger's directory is not writable"
+        );
+        assert_eq!(
+            refusal(rusqlite::ffi::SQLITE_READONLY),
+            "ledger is read-only"
+        );
     }
 }
