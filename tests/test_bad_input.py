@@ -690,15 +690,32 @@ CONVERSION_ERRORS = [*BAD_VALUE_ERRORS, RuntimeError, ZeroDivisionError]
 def test_a_conversion_raising_an_error_is_invalid_input(
     seeded: Seeded, db_path: Path, raised: type[BaseException]
 ) -> None:
-    """A value that cannot become a number is bad input, whatever error
+    """An argument that cannot become a number is bad input, whatever error
     its conversion raises (for a TypeError, ValueError or OverflowError, as
-    in the peer; the peer passes other errors of a value through)."""
+    in the peer; the peer passes other errors of a value through: README,
+    differences)."""
     value = _FloatRaises(raised(MARKER))
     with Ledger(db_path) as ledger:
         assert_refused(db_path, lambda: ledger.create_task(timeout_seconds=value))
         assert_refused(db_path, lambda: ledger.charge(seeded.running, tokens=value))
+
+
+@pytest.mark.parametrize("raised", CONVERSION_ERRORS, ids=[r.__name__ for r in CONVERSION_ERRORS])
+def test_a_clock_value_whose_conversion_fails_is_judged_as_the_clock_is(
+    seeded: Seeded, db_path: Path, raised: type[BaseException]
+) -> None:
+    """The peer converts the clock's value in the same ``try`` as the call:
+    a TypeError, ValueError or OverflowError is InvalidInput, any other
+    error reaches the caller as raised. Nothing is written either way."""
+    value = _FloatRaises(raised(MARKER))
     with Ledger(db_path, clock=lambda: value) as other:
-        assert_refused(db_path, other.create_task)
+        if raised in BAD_VALUE_ERRORS:
+            assert_refused(db_path, other.create_task)
+        else:
+            before = logical_dump(db_path)
+            with pytest.raises(raised, match=MARKER):
+                other.create_task()
+            assert logical_dump(db_path) == before
 
 
 def test_deadline_overflow_at_start_is_invalid_input(

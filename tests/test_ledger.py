@@ -588,6 +588,7 @@ def test_a_copied_subclass_keeps_its_class_and_attributes(db_path: Path, copier:
         finally:
             twin.close()
 
+
 def test_an_open_that_may_not_create_refuses_an_empty_file(db_path: Path) -> None:
     """create=False refuses a path with no ledger, an existing empty file
     included (it once got a whole schema), and leaves it as it was."""

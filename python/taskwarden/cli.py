@@ -519,6 +519,8 @@ def _format_asked(argv: Sequence[str]) -> str:
     shortened flag (``--form text``)."""
     asked = "json"
     for flag, following in itertools.pairwise([*argv, ""]):
+        if not isinstance(flag, str):  # main(argv) from Python: argparse refuses it
+            continue
         name, joined, value = flag.partition("=")
         if len(name) > 2 and "--format".startswith(name):
             asked = value if joined else following

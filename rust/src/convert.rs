@@ -216,9 +216,16 @@ pub fn delivery_status(obj: &Bound<'_, PyAny>) -> Result<DeliveryStatus> {
 /// The refusal of a clock that gave no usable time, in the peer's words.
 pub const INVALID_TIMESTAMP: Error = Error::Invalid("clock returned an invalid timestamp");
 
-/// A clock reading: whatever `float()` makes of it, finite.
+/// A clock reading: whatever `float()` makes of it, finite. The peer
+/// converts inside the same `try` as its clock call, so a conversion's
+/// error is judged as the clock's own ([`clock_failed`]).
 pub fn timestamp(obj: &Bound<'_, PyAny>) -> Result<f64> {
-    let value = float_of(obj, INVALID_TIMESTAMP)?;
+    let py = obj.py();
+    let value = py
+        .get_type::<PyFloat>()
+        .call1((obj,))
+        .and_then(|f| f.extract::<f64>())
+        .map_err(|e| clock_failed(py, e))?;
     validate::timestamp(value)
 }
 
