@@ -331,11 +331,19 @@ def test_an_answer_that_cannot_be_written_is_exit_3_without_a_traceback(
     assert proc.stderr == ""
 
 
-def _many_tasks(db_path: Path, n: int = 1_500) -> None:
-    """A ledger whose full list is far larger than a pipe holds (64 KiB)."""
+def _listing_into_a_pipe(db_path: Path) -> subprocess.Popen[bytes]:
+    """``taskwarden list`` of a ledger whose list is far larger than a pipe
+    holds (64 KiB), writing into a pipe; its first byte already read."""
     with Ledger(db_path) as ledger:
-        for _ in range(n):
+        for _ in range(1_500):
             ledger.create_task()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "taskwarden", "--db", str(db_path), "list", "--limit", "1500"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdout.read(1) == b"{"
+    return proc
 
 
 def test_an_answer_its_reader_stopped_taking_is_exit_3(db_path: Path) -> None:
@@ -343,14 +351,8 @@ def test_an_answer_its_reader_stopped_taking_is_exit_3(db_path: Path) -> None:
     buffered writer reports that as a short write, not an error, and the
     cut-off answer once looked written (exit 0). The caller never got the
     list: exit 3, no traceback."""
-    _many_tasks(db_path)
-    with subprocess.Popen(
-        [sys.executable, "-m", "taskwarden", "--db", str(db_path), "list", "--limit", "1500"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    ) as proc:
+    with _listing_into_a_pipe(db_path) as proc:
         assert proc.stdout is not None and proc.stderr is not None
-        assert proc.stdout.read(1) == b"{"
         proc.stdout.close()
         assert proc.wait(timeout=60) == 3
         assert proc.stderr.read() == b""
@@ -364,15 +366,8 @@ def test_ctrl_c_while_the_answer_is_written_is_exit_130_without_a_traceback(
     import signal
     import time
 
-    _many_tasks(db_path)
-    with subprocess.Popen(
-        [sys.executable, "-m", "taskwarden", "--db", str(db_path), "list", "--limit", "1500"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    ) as proc:
-        assert proc.stdout is not None
-        assert proc.stdout.read(1) == b"{"  # it is writing; the pipe fills again
-        time.sleep(0.5)
+    with _listing_into_a_pipe(db_path) as proc:
+        time.sleep(0.5)  # it is writing; the pipe fills again
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
