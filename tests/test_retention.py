@@ -567,12 +567,12 @@ def test_purge_more_than_one_batch(db_path: Path, clock: FrozenClock) -> None:
 def test_purge_batches_are_bounded_by_tasks_not_only_by_trees(
     db_path: Path, clock: FrozenClock
 ) -> None:
-    """A batch takes whole trees until it holds 4,096 tasks: two trees of
-    2,100 tasks fill the first batch, the third tree goes in a second one
-    (and a last, empty batch finds nothing more). Counted by trees alone,
-    all three went in one write transaction: 256 large trees held the
-    write lock for seconds."""
-    sizes = (2_100, 2_100, 1)
+    """A batch takes whole trees while they fit in 4,096 tasks: a single
+    task, then a tree of exactly 4,096 in a batch of its own, then the last
+    task (and a last, empty batch finds nothing more). Counted by trees
+    alone, all three went in one write transaction: 256 large trees held
+    the write lock for seconds."""
+    sizes = (1, 4_096, 1)
     with opened(db_path, clock) as lg:
         for size in sizes:
             root = lg.create_task(delivery_required=False).id
@@ -588,7 +588,7 @@ def test_purge_batches_are_bounded_by_tasks_not_only_by_trees(
         assert lg.stats()["task_count"] == 0
         assert lg.doctor()["healthy"] is True
     assert (report["trees_purged"], report["tasks_purged"]) == (3, sum(sizes))
-    assert report["batches"] == 3
+    assert report["batches"] == 4
     assert counts(dry) == {**counts(report), "dry_run": True}
 
 

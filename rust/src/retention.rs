@@ -62,8 +62,9 @@ pub struct PurgeReport {
 /// wait milliseconds, not seconds.
 pub const PURGE_BATCH: i64 = 256;
 
-/// Tasks removed per write transaction, at most (but always one whole
-/// tree): 256 large trees in one batch held the write lock for seconds.
+/// Tasks removed per write transaction, at most, unless one tree alone is
+/// larger (a tree is never split; it then has a batch of its own): 256
+/// large trees in one batch held the write lock for seconds.
 pub const PURGE_BATCH_TASKS: usize = 4096;
 
 /// One batch of root ids after `after`, in id order, that are fully
@@ -174,16 +175,22 @@ fn purge_batch(
     let mut drop_events = tx.prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?;
     let mut drop_task = tx.prepare_cached("DELETE FROM tasks WHERE id = ?1")?;
     let mut taken = 0;
+    // The last root this batch examined: where the next one starts.
+    let mut examined: Option<String> = None;
     for (root, has_children) in roots {
-        let cursor = root.clone();
         let tree = if has_children {
-            match closed_tree(tx, &root, cutoff, tenant)? {
-                Some(ids) => ids,
-                None => continue,
-            }
+            let Some(ids) = closed_tree(tx, &root, cutoff, tenant)? else {
+                examined = Some(root);
+                continue;
+            };
+            ids
         } else {
-            vec![root]
+            vec![root.clone()]
         };
+        if taken > 0 && taken + tree.len() > PURGE_BATCH_TASKS {
+            return Ok(examined); // this tree starts the next batch
+        }
+        examined = Some(root);
         taken += tree.len();
         report.trees_purged += 1;
         // Children before parents, so no moment sees a dangling parent link.
@@ -195,9 +202,6 @@ fn purge_batch(
                 drop_task.execute([id])?;
             }
             report.tasks_purged += 1;
-        }
-        if taken >= PURGE_BATCH_TASKS {
-            return Ok(Some(cursor)); // the next batch starts after this tree
         }
     }
     Ok(Some(last))
