@@ -137,15 +137,23 @@ pub fn prepare_parent(path: &DbPath, create: bool) -> Result<()> {
     Ok(())
 }
 
-const UNSAFE: Error = Error::Invalid("database parent permissions are unsafe");
+// The refusals name the rule that failed, in the peer's words.
+const PARENT_UNAVAILABLE: Error = Error::Invalid("database parent is unavailable");
+const PARENT_NOT_OURS: Error = Error::Invalid("database parent must be owned by the current user");
+const PARENT_SHARED: Error = Error::Invalid("database parent must not be group/world writable");
+const ANCESTOR_UNAVAILABLE: Error = Error::Invalid("database ancestor is unavailable");
+const ANCESTOR_UNSAFE: Error = Error::Invalid("database ancestor permits unsafe replacement");
 
 /// The directory holding the file belongs to us and nobody else may write
 /// to it: checked before every operation, as it is the cheap half. Returns
 /// what the check saw, for [`DirStamp`].
 pub fn check_direct_parent(path: &DbPath, euid: u32) -> Result<Metadata> {
-    let meta = fs::metadata(&path.parent).map_err(|_| UNSAFE)?;
-    if meta.uid() != euid || meta.mode() & 0o022 != 0 {
-        return Err(UNSAFE);
+    let meta = fs::metadata(&path.parent).map_err(|_| PARENT_UNAVAILABLE)?;
+    if meta.uid() != euid {
+        return Err(PARENT_NOT_OURS);
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(PARENT_SHARED);
     }
     Ok(meta)
 }
@@ -225,9 +233,9 @@ impl DirStamp {
 pub fn check_parent_security(path: &DbPath, euid: u32) -> Result<()> {
     check_direct_parent(path, euid)?;
     for ancestor in path.parent.ancestors().skip(1) {
-        let meta = fs::metadata(ancestor).map_err(|_| UNSAFE)?;
+        let meta = fs::metadata(ancestor).map_err(|_| ANCESTOR_UNAVAILABLE)?;
         if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
-            return Err(UNSAFE);
+            return Err(ANCESTOR_UNSAFE);
         }
     }
     Ok(())
