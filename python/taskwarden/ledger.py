@@ -110,8 +110,9 @@ class Ledger:
 
     - ``path``: the database file (``str`` or ``os.PathLike``). Created with
       mode 0600 in a private directory; links are refused.
-    - ``clock``: returns Unix seconds; ``time.time`` by default. Read once per
-      write, inside the transaction.
+    - ``clock``: returns Unix seconds; ``time.time`` by default. Read at most
+      once per write, inside the transaction (a charge that fits reads none:
+      it records no time).
     - ``busy_timeout_ms``: how long a writer waits for the lock before
       ``LedgerBusy`` (default 5000). Ctrl-C ends the wait at once: the call
       raises ``KeyboardInterrupt`` and writes nothing.
@@ -321,7 +322,9 @@ class Ledger:
 
     def release(self, task_id: str, worker: str, *, attempt: int | None = None) -> Task:
         """The owner gives a running task back: queued again, or escalated
-        (``attempts_exhausted``) once ``max_attempts`` claims were used.
+        (``attempts_exhausted``) once the task has been started
+        ``max_attempts`` times (claims, ``start_task`` and ``queued ->
+        running`` transitions all count).
         ``attempt`` also fences an older claim under a reused worker name."""
         return self._core.release(task_id, worker, attempt=attempt)
 
