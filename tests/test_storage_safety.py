@@ -472,3 +472,33 @@ def test_a_second_handle_in_the_process_keeps_the_writers_locks(
     with Ledger(path) as ledger:
         assert [ledger.get_task(i).id for i in (first, late)] == [first, late]
         assert ledger.doctor()["healthy"] is True
+
+
+@pytest.mark.parametrize(
+    ("layout", "rule"),
+    [
+        ("parent-of-another-user", "database parent must be owned by the current user"),
+        ("group-writable-parent", "database parent must not be group/world writable"),
+        ("open-ancestor", "database ancestor permits unsafe replacement"),
+    ],
+)
+def test_an_unsafe_parent_is_refused_with_its_rule_as_the_peer_words_it(
+    tmp_path: Path, layout: str, rule: str
+) -> None:
+    import task_state_guard as tsg
+
+    if layout == "parent-of-another-user" and os.geteuid() != 0:
+        pytest.skip("needs root to give the directory away")
+    os.chmod(tmp_path, 0o700)
+    outer = tmp_path / "outer"
+    parent = outer / "inner"
+    parent.mkdir(parents=True)
+    os.chmod(outer, 0o777 if layout == "open-ancestor" else 0o700)
+    os.chmod(parent, 0o770 if layout == "group-writable-parent" else 0o700)
+    if layout == "parent-of-another-user":
+        os.chown(parent, 65534, 65534)
+    for opener, refusal in ((Ledger, InvalidInput), (tsg.Ledger, tsg.InvalidInput)):
+        with pytest.raises(refusal) as refused:
+            opener(parent / "ledger.db")
+        assert str(refused.value) == rule, opener
+    assert list(parent.iterdir()) == []
