@@ -563,6 +563,23 @@ def test_of_two_demos_given_one_path_one_gets_it(
     assert [p.name for p in tmp_path.iterdir()] == ["demo.db"]
 
 
+@pytest.mark.parametrize("name", ["d" * 240, "kept/", "kept/."], ids=["long", "slash", "slash-dot"])
+def test_the_demo_takes_any_name_a_ledger_takes_and_refuses_a_directory_s(
+    tmp_path: Path, name: str
+) -> None:
+    """Its temporary name is short and fixed, so a long final name works as
+    for any ledger (a longer temporary name once made it exit 3); a path
+    ending in / or /. names a directory and is refused, as everywhere."""
+    os.chmod(tmp_path, 0o700)
+    code, out, _ = run_cli("demo", "--keep-db", f"{tmp_path}/{name}")
+    if name.startswith("kept"):
+        assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+        assert list(tmp_path.iterdir()) == []
+    else:
+        assert code == 0 and out["ok"] is True
+        assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
 def test_demo_refuses_a_bad_global_option_and_writes_nothing(tmp_path: Path) -> None:
     """The demo opens its ledgers with the global options, so it refuses
     the values every other command refuses, before any file is made."""

@@ -94,15 +94,18 @@ def run_demo(
     if db is None:
         with tempfile.TemporaryDirectory(prefix="taskwarden-demo-") as tmp:
             return _run(Path(tmp) / "private" / "demo.db", options)
+    if os.fspath(db).endswith(("/", "/.")):  # Path() would drop it: a directory's name
+        raise InvalidInput("database path is invalid")
     final = Path(db)
-    building = final.with_name(f".{final.name}.{uuid.uuid4().hex}.demo")
+    # Short and of fixed length, so any name the ledger takes fits it too.
+    building = final.with_name(f".tw-demo-{uuid.uuid4().hex[:16]}")
     try:
         reports = _run(building, options)
         _give_name(building, final)
         return reports
     finally:
         for suffix in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # never in place of the real error
                 os.unlink(f"{building}{suffix}")
 
 
