@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 from pathlib import Path
 
@@ -85,8 +86,8 @@ def test_reconcile_passes_over_rows_no_write_could_make(db_path: Path) -> None:
 
     clock = FrozenClock(1_000.0)
     with Ledger(db_path, clock=clock) as ledger:
-        at_last, text_time, lost = (ledger.create_task() for _ in range(3))
-        for task in (at_last, text_time, lost):
+        at_last, text_time, minus_inf, lost = (ledger.create_task() for _ in range(4))
+        for task in (at_last, text_time, minus_inf, lost):
             ledger.claim(task.id, "w1")
         closed = ledger.create_task()
         ledger.claim(closed.id, "w2")
@@ -95,6 +96,8 @@ def test_reconcile_passes_over_rows_no_write_could_make(db_path: Path) -> None:
         for task in (at_last, closed):
             conn.execute("UPDATE tasks SET version = ? WHERE id = ?", (2**63 - 1, task.id))
         conn.execute("UPDATE tasks SET started_at = 'x' WHERE id = ?", (text_time.id,))
+        # -inf would read as stale, and its evidence be overwritten.
+        conn.execute("UPDATE tasks SET updated_at = ? WHERE id = ?", (-math.inf, minus_inf.id))
     clock.advance(100_000)
     graces = {"active_grace_seconds": 600, "delivery_grace_seconds": 600}
     with Ledger(db_path, clock=clock) as ledger:
@@ -115,26 +118,37 @@ def test_reconcile_passes_over_rows_no_write_could_make(db_path: Path) -> None:
     }
     with contextlib.closing(sqlite3.connect(db_path)) as conn:
         stored = conn.execute(
-            "SELECT typeof(version), status, delivery_status FROM tasks WHERE id IN (?, ?, ?)",
-            (at_last.id, closed.id, text_time.id),
+            "SELECT typeof(version), status, delivery_status FROM tasks WHERE id IN (?, ?, ?, ?)",
+            (at_last.id, closed.id, text_time.id, minus_inf.id),
         ).fetchall()
     assert sorted(stored) == [
+        ("integer", "running", "pending"),
         ("integer", "running", "pending"),
         ("integer", "running", "pending"),
         ("integer", "succeeded", "pending"),
     ]
 
 
-def test_claim_next_passes_over_a_damaged_queued_row(db_path: Path) -> None:
-    """One queued row no read accepts (a tenant edited to 'ac me') once
-    stopped claim_next for every worker: the tasks behind it were never
-    handed out. It is passed over, and stays for doctor to count."""
+@pytest.mark.parametrize(
+    ("column", "value"), [("tenant", "ac me"), ("version", 2**63 - 1)], ids=["tenant", "version"]
+)
+def test_claim_next_passes_over_a_damaged_queued_row(
+    db_path: Path, column: str, value: object
+) -> None:
+    """One queued row no write accepts (a tenant edited to 'ac me', a
+    version at its last value) once stopped claim_next for every worker:
+    the tasks behind it were never handed out. It is passed over, and
+    stays as it is."""
     with Ledger(db_path) as ledger:
         tasks = [ledger.create_task(tenant="acme") for _ in range(5)]
     with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
-        conn.execute("UPDATE tasks SET tenant = 'ac me' WHERE id = ?", (tasks[2].id,))
+        conn.execute(f"UPDATE tasks SET {column} = ? WHERE id = ?", (value, tasks[2].id))
     with Ledger(db_path) as ledger:
         claimed = [t.id for t in ledger.claim_next("w1", limit=10)]
         assert claimed == [t.id for i, t in enumerate(tasks) if i != 2]
         assert ledger.claim_next("w2") == []
-        assert ledger.doctor()["state_inconsistency_count"] == 1
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        stored = conn.execute(
+            f"SELECT status, {column} FROM tasks WHERE id = ?", (tasks[2].id,)
+        ).fetchone()
+    assert stored == ("queued", value)

@@ -112,9 +112,14 @@ fn claimable(
 
 /// The queued tasks, oldest first, of one tenant (`?1`) or of all: read in
 /// order from a partial queue index, never sorted.
+/// A row at the last version is left out: its claim could not bump the
+/// version, and one such row refused every worker's whole batch.
 fn queue_sql(by_tenant: bool) -> String {
     let tenant = if by_tenant { "AND tenant = ?1" } else { "" };
-    format!("SELECT {COLUMNS} FROM tasks WHERE status = 'queued' {tenant} ORDER BY created_at, id")
+    format!(
+        "SELECT {COLUMNS} FROM tasks WHERE status = 'queued' {tenant} \
+         AND version < 9223372036854775807 ORDER BY created_at, id"
+    )
 }
 
 /// The owner gives a running task back: it is queued again, or escalated

@@ -45,15 +45,17 @@ const TENANT: &str = "(:tenant IS NULL OR tenant = :tenant)";
 /// worker. All thresholds are inclusive (peer rule).
 ///
 /// A row at the last version (i64::MAX: `version + 1` would store a REAL
-/// no read accepts) or with a time that is no number (text sorts after
-/// every number, so it looked like a clock behind the row) is damage that
+/// no read accepts) or with a time that is no finite number (text sorts
+/// after every number, so it looked like a clock behind the row; a time of
+/// -inf was overwritten, and doctor's evidence with it) is damage that
 /// every other write refuses: the pass leaves it to doctor, whose counts
 /// name it, instead of failing or writing it.
 const TIMED_OUT: &str = "status = 'running' AND (:tenant IS NULL OR tenant = :tenant) AND (
     (deadline_at IS NOT NULL AND deadline_at <= :now) OR updated_at <= :stale
     OR (:worker IS NOT NULL AND owner = :worker)) AND version < 9223372036854775807 \
-    AND created_at <= 1.7976931348623157e308 AND updated_at <= 1.7976931348623157e308 \
-    AND (started_at IS NULL OR started_at <= 1.7976931348623157e308)";
+    AND created_at BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308 \
+    AND updated_at BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308 \
+    AND (started_at IS NULL OR started_at BETWEEN -1.7976931348623157e308 AND 1.7976931348623157e308)";
 
 /// The code, by precedence: deadline, then stale, then lost worker.
 const TIMEOUT_CODE: &str = "CASE WHEN deadline_at IS NOT NULL AND deadline_at <= :now \
