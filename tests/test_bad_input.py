@@ -683,6 +683,25 @@ def test_a_conversion_interrupted_passes_the_interrupt_through(
     assert logical_dump(db_path) == before
 
 
+class _InterruptedSpelling(str):
+    """A task id in a rarer spelling the peer accepts (a leading sign),
+    whose parsing by ``uuid.UUID`` is interrupted."""
+
+    def replace(self, *args: Any, **kwargs: Any) -> str:
+        raise KeyboardInterrupt(MARKER)
+
+
+def test_an_interrupted_task_id_parse_passes_the_interrupt_through(
+    seeded: Seeded, db_path: Path
+) -> None:
+    """Ctrl-C while an id in a rarer spelling is parsed is no bad input:
+    it reaches the caller (a retry loop catching InvalidInput must not
+    swallow it), as in the peer."""
+    spelled = _InterruptedSpelling("+" + seeded.queued[1:])
+    with Ledger(db_path) as ledger, pytest.raises(KeyboardInterrupt, match=MARKER):
+        ledger.get_task(spelled)
+
+
 CONVERSION_ERRORS = [*BAD_VALUE_ERRORS, RuntimeError, ZeroDivisionError]
 
 

@@ -23,13 +23,15 @@ pub fn task_id(obj: &Bound<'_, PyAny>) -> Result<String> {
         // The rarer spellings the peer accepts (surrounding whitespace, a
         // sign, `0x`, `_` between digits, non-ASCII digits, many braces)
         // are whatever Python's `uuid.UUID` parses: the peer's own parser.
-        let parsed = obj
-            .py()
+        let py = obj.py();
+        let parsed = py
             .import("uuid")
             .and_then(|m| m.getattr("UUID"))
             .and_then(|uuid| uuid.call1((obj,)))
-            .map_err(|_| Error::Invalid(BAD))?;
-        let canonical = parsed.str().map_err(|_| Error::Invalid(BAD))?;
+            .map_err(|e| conversion_failed(py, e, Error::Invalid(BAD)))?;
+        let canonical = parsed
+            .str()
+            .map_err(|e| conversion_failed(py, e, Error::Invalid(BAD)))?;
         Ok(canonical
             .to_cow()
             .map_err(|_| Error::Invalid(BAD))?
@@ -214,7 +216,7 @@ pub fn delivery_status(obj: &Bound<'_, PyAny>) -> Result<DeliveryStatus> {
 }
 
 /// The refusal of a clock that gave no usable time, in the peer's words.
-pub const INVALID_TIMESTAMP: Error = Error::Invalid("clock returned an invalid timestamp");
+const INVALID_TIMESTAMP: Error = Error::Invalid("clock returned an invalid timestamp");
 
 /// A clock reading: whatever `float()` makes of it, finite. The peer
 /// converts inside the same `try` as its clock call, so a conversion's
