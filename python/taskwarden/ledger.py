@@ -69,13 +69,15 @@ class _InheritedCore:
                 current.close()
 
 
-# The file ledgers of this process that may be open, for the fork hook.
 # The system clock as it was at import, which the core reads itself
 # (fast, no Python call). Compared by identity: a test that patches
 # `time.time` and passes `clock=time.time` hands over its own function,
-# which is then called like any other clock, as the peer calls it.
-_SYSTEM_CLOCK = time.time
+# which is then called like any other clock, as the peer calls it. Kept in
+# a tuple: freezegun replaces every module attribute that holds the real
+# `time.time`, and would swap this one for its fake too.
+_SYSTEM_CLOCKS = (time.time,)
 
+# The file ledgers of this process that may be open, for the fork hook.
 _OPEN_FILE_LEDGERS: weakref.WeakSet[Ledger] = weakref.WeakSet()
 
 
@@ -144,7 +146,7 @@ class Ledger:
         self,
         path: str | os.PathLike[str],
         *,
-        clock: Clock = _SYSTEM_CLOCK,
+        clock: Clock = time.time,
         busy_timeout_ms: int = 5000,
         allow_external_acl: bool = False,
         read_only: bool = False,
@@ -167,7 +169,7 @@ class Ledger:
             "read_only": read_only,
             "allow_external_acl": allow_external_acl,
             "snapshot_max_bytes": snapshot_max_bytes,
-            "clock": None if clock is _SYSTEM_CLOCK else clock,
+            "clock": None if clock is _SYSTEM_CLOCKS[0] else clock,
             "euid": _geteuid(),
             "migrate": migrate,
             "create": create,
@@ -182,13 +184,13 @@ class Ledger:
         _OPEN_FILE_LEDGERS.add(self)
 
     @classmethod
-    def in_memory(cls, *, clock: Clock = _SYSTEM_CLOCK, busy_timeout_ms: int = 5000) -> Ledger:
+    def in_memory(cls, *, clock: Clock = time.time, busy_timeout_ms: int = 5000) -> Ledger:
         """A private ledger that lives in memory only (for tests)."""
         if not callable(clock):
             raise InvalidInput("clock must be callable")
         ledger = cls.__new__(cls)
         ledger._core = _core.LedgerCore.in_memory(
-            busy_timeout_ms=busy_timeout_ms, clock=None if clock is _SYSTEM_CLOCK else clock
+            busy_timeout_ms=busy_timeout_ms, clock=None if clock is _SYSTEM_CLOCKS[0] else clock
         )
         ledger.path = None
         ledger._reopen_args = None
@@ -208,7 +210,7 @@ class Ledger:
         path, options = self._reopen_args
         clock = options["clock"]
         given = {k: v for k, v in options.items() if k not in ("clock", "euid")}
-        given["clock"] = _SYSTEM_CLOCK if clock is None else clock
+        given["clock"] = _SYSTEM_CLOCKS[0] if clock is None else clock
         own = {k: v for k, v in vars(self).items() if k not in _HANDLE_ATTRIBUTES}
         return (_reopened, (type(self), path, given), own or None)
 
