@@ -97,12 +97,20 @@ const TREE: &str = "WITH RECURSIVE tree(id) AS (
 
 /// Every task of the tree under `root`, if every one of them is fully
 /// closed, old enough and (when scoped) of the tenant; otherwise `None`.
+/// What the walk of one tree found.
+enum Tree {
+    /// Every task of it may go, these.
+    Closed(Vec<String>),
+    /// A task of it must stay; the walk read this many rows to find it.
+    Open { read: usize },
+}
+
 fn closed_tree(
     tx: &Transaction<'_>,
     root: &str,
     cutoff: f64,
     tenant: Option<&str>,
-) -> Result<Option<Vec<String>>> {
+) -> Result<Tree> {
     let mut stmt = tx.prepare_cached(&format!(
         "{TREE} SELECT x.id, ({FULLY_CLOSED} AND {}
                              AND (?3 IS NULL OR x.tenant IS ?3))
@@ -113,11 +121,13 @@ fn closed_tree(
     let mut rows = stmt.query(params![root, cutoff, tenant])?;
     while let Some(row) = rows.next()? {
         if !row.get::<_, bool>(1)? {
-            return Ok(None);
+            return Ok(Tree::Open {
+                read: ids.len() + 1,
+            });
         }
         ids.push(row.get(0)?);
     }
-    Ok(Some(ids))
+    Ok(Tree::Closed(ids))
 }
 
 /// Which trees a purge takes: fully closed, last changed at or before
@@ -179,11 +189,18 @@ fn purge_batch(
     let mut examined: Option<String> = None;
     for (root, has_children) in roots {
         let tree = if has_children {
-            let Some(ids) = closed_tree(tx, &root, cutoff, tenant)? else {
-                examined = Some(root);
-                continue;
-            };
-            ids
+            match closed_tree(tx, &root, cutoff, tenant)? {
+                Tree::Closed(ids) => ids,
+                Tree::Open { read } => {
+                    // Walking a tree that stays costs the batch too.
+                    taken += read;
+                    examined = Some(root);
+                    if taken >= PURGE_BATCH_TASKS {
+                        return Ok(examined);
+                    }
+                    continue;
+                }
+            }
         } else {
             vec![root.clone()]
         };
