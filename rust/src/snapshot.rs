@@ -177,6 +177,11 @@ fn open_checked(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<(Le
     if meta.size() > max_bytes {
         return Err(OVER_CAP);
     }
+    if meta.size() == 0 {
+        // Not damage: nothing was ever written (the peer's class, the
+        // words a reading command without `--read-only` gives).
+        return Err(Error::Conflict("database file holds no ledger yet"));
+    }
     Ok((file, meta))
 }
 
