@@ -1,12 +1,15 @@
-"""Rendering of CLI results: one line of sorted JSON, or a text table."""
+"""Rendering of CLI results (one line of sorted JSON, or a text table) and
+writing them out."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["render"]
+__all__ = ["render", "write_all"]
 
 # The list table: what an operator scans for. `code` says why a task waits
 # or how it ended; `attempts` and `llm_calls` are used/limit.
@@ -125,3 +128,22 @@ def render(payload: dict[str, Any], fmt: str = "json") -> str:
     if fmt == "text":
         return "\n".join(_text(payload)) + "\n"
     return _json_line(payload) + "\n"
+
+
+def write_all(text: str) -> None:
+    """Writes ``text`` to standard output, every byte or an error. Python's
+    buffered writer reports a reader that left halfway (``| head``) by
+    returning a short count, not by raising, so a cut-off answer looked
+    written; here the bytes go to the descriptor, each count checked, and
+    the write after a short one raises (a broken pipe)."""
+    out = sys.stdout
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError, AttributeError):  # not a file (a test's buffer)
+        out.write(text)
+        out.flush()
+        return
+    out.flush()
+    data = memoryview(text.encode(out.encoding or "utf-8", out.errors or "strict"))
+    while data:
+        data = data[os.write(fd, data) :]

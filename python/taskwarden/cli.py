@@ -30,7 +30,7 @@ from ._fleet_cli import (
     given,
     task_answer,
 )
-from ._output import render
+from ._output import render, write_all
 from .compat import DELIVERY_REASON_CODES, TASK_REASON_CODES
 from .errors import InvalidInput, LedgerError, StateConflict
 from .ledger import Ledger
@@ -559,7 +559,7 @@ def _say(payload: dict[str, Any], fmt: str, explanation: list[str] | None = None
     is an exit 3, never a traceback."""
     text = "\n".join(explanation) + "\n" if fmt == "text" and explanation else render(payload, fmt)
     try:
-        _write_all(text)
+        write_all(text)
         return True
     except (OSError, ValueError, AttributeError):
         # Python flushes standard output once more at exit; aim it at
@@ -567,22 +567,3 @@ def _say(payload: dict[str, Any], fmt: str, explanation: list[str] | None = None
         with contextlib.suppress(OSError, ValueError, AttributeError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return False
-
-
-def _write_all(text: str) -> None:
-    """Writes ``text`` to standard output, every byte or an error. Python's
-    buffered writer reports a reader that left halfway (``| head``) by
-    returning a short count, not by raising, so a cut-off answer looked
-    written; here the bytes go to the descriptor, each count checked, and
-    the write after a short one raises (a broken pipe)."""
-    out = sys.stdout
-    try:
-        fd = out.fileno()
-    except (OSError, ValueError, AttributeError):  # not a file (a test's buffer)
-        out.write(text)
-        out.flush()
-        return
-    out.flush()
-    data = memoryview(text.encode(out.encoding or "utf-8", out.errors or "strict"))
-    while data:
-        data = data[os.write(fd, data) :]
