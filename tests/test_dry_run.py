@@ -386,7 +386,7 @@ def test_a_live_peer_preview_leaves_writers_of_the_process_free(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     "sidecars",
-    [("-wal",), ("-shm",), ("-journal",), ("-wal", "-shm", "-journal")],
+    [("-shm",), ("-journal",), ("-wal", "-shm", "-journal")],
     ids=lambda s: "+".join(s),
 )
 def test_incomplete_sidecars_are_refused(tmp_path: Path, sidecars: tuple[str, ...]) -> None:
@@ -401,6 +401,26 @@ def test_incomplete_sidecars_are_refused(tmp_path: Path, sidecars: tuple[str, ..
     code, _, text = run_cli("--db", str(path), "--format", "text", "doctor", "--read-only")
     assert code == 2 and "open the ledger writable once to recover it" in text
     assert run_cli("--db", str(path), "doctor")[1]["healthy"] is True
+
+
+def test_a_lone_empty_wal_is_read_past_and_a_lone_wal_with_frames_refused(
+    tmp_path: Path,
+) -> None:
+    """A read-only open racing the last writer's close can leave an empty
+    -wal (SQLite opens it with O_CREAT); it holds no frame, so the file
+    alone is the database, and refusing it failed every later dry run until
+    a writable open. A -wal with bytes but no -shm is still refused."""
+    path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    wal = Path(f"{path}-wal")
+    wal.touch(mode=0o600)
+    os.chmod(wal, 0o600)
+    before = disk_state(path)
+    with Ledger(path, read_only=True) as reader:
+        assert reader.get_task(ids["delivered"]).delivery_status == "delivered"
+    assert run_cli("--db", str(path), "doctor", "--read-only")[1]["healthy"] is True
+    assert disk_state(path) == before and wal.stat().st_size == 0
+    wal.write_bytes(b"\x00" * 32)
+    _refused_read_only(path)
 
 
 def test_loose_sidecar_modes_are_refused_not_tightened(tmp_path: Path) -> None:

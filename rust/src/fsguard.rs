@@ -28,7 +28,8 @@ pub struct Identity {
 /// What SQLite's sidecar files say about the database.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sidecars {
-    /// None present: the file was closed cleanly.
+    /// None present (or only an empty `-wal`): the file alone is the
+    /// database.
     Closed,
     /// Both `-wal` and `-shm`: a live WAL database.
     LiveWal,
@@ -447,6 +448,15 @@ pub fn sidecar_state(path: &DbPath) -> Sidecars {
     match (present("-journal"), present("-wal"), present("-shm")) {
         (false, false, false) => Sidecars::Closed,
         (false, true, true) => Sidecars::LiveWal,
+        // An empty WAL holds no frame: nothing to recover, the file is the
+        // database. A read-only open that races the last writer's close
+        // leaves one (SQLite opens the WAL with O_CREAT), and refusing it
+        // failed every later dry run until a writable open.
+        (false, true, false)
+            if fs::symlink_metadata(sidecar(path, "-wal")).is_ok_and(|m| m.len() == 0) =>
+        {
+            Sidecars::Closed
+        }
         _ => Sidecars::Incomplete,
     }
 }
