@@ -130,7 +130,9 @@ def test_reconcile_passes_over_rows_no_write_could_make(db_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("column", "value"), [("tenant", "ac me"), ("version", 2**63 - 1)], ids=["tenant", "version"]
+    ("column", "value"),
+    [("tenant", "ac me"), ("version", 2**63 - 1), ("attempt_count", 2**63 - 1)],
+    ids=["tenant", "version", "attempt_count"],
 )
 def test_claim_next_passes_over_a_damaged_queued_row(
     db_path: Path, column: str, value: object
@@ -152,3 +154,29 @@ def test_claim_next_passes_over_a_damaged_queued_row(
             f"SELECT status, {column} FROM tasks WHERE id = ?", (tasks[2].id,)
         ).fetchone()
     assert stored == ("queued", value)
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("tenant", "ac me"), ("version", 2**63 - 1)], ids=["tenant", "version"]
+)
+def test_a_subtree_cancel_passes_over_a_damaged_descendant(
+    db_path: Path, column: str, value: object
+) -> None:
+    """The emergency stop was refused whole for one damaged sub-agent row,
+    and the rest of the tree went on charging. The damaged row is left for
+    doctor; the root and every other descendant are cancelled."""
+    with Ledger(db_path) as ledger:
+        root = ledger.create_task(llm_calls_budget=100)
+        children = [ledger.create_task(parent_id=root.id) for _ in range(4)]
+        for child in children:
+            ledger.claim(child.id, "w")
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute(f"UPDATE tasks SET {column} = ? WHERE id = ?", (value, children[1].id))
+    with Ledger(db_path) as ledger:
+        assert ledger.cancel(root.id, subtree=True).status == "cancelled"
+        healthy = [c for i, c in enumerate(children) if i != 1]
+        assert {ledger.get_task(c.id).status for c in healthy} == {"cancelled"}
+        assert ledger.charge(healthy[0].id, worker="w").allowed is False
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        stored = conn.execute("SELECT status FROM tasks WHERE id = ?", (children[1].id,)).fetchone()
+    assert stored == ("running",)

@@ -112,13 +112,14 @@ fn claimable(
 
 /// The queued tasks, oldest first, of one tenant (`?1`) or of all: read in
 /// order from a partial queue index, never sorted.
-/// A row at the last version is left out: its claim could not bump the
-/// version, and one such row refused every worker's whole batch.
+/// A row at the last version or attempt is left out: its claim could not
+/// count up, and one such row refused every worker's whole batch.
 fn queue_sql(by_tenant: bool) -> String {
     let tenant = if by_tenant { "AND tenant = ?1" } else { "" };
     format!(
         "SELECT {COLUMNS} FROM tasks WHERE status = 'queued' {tenant} \
-         AND version < 9223372036854775807 ORDER BY created_at, id"
+         AND version < 9223372036854775807 AND attempt_count < 9223372036854775807 \
+         ORDER BY created_at, id"
     )
 }
 

@@ -703,7 +703,8 @@ pub fn move_to(
 /// The clock is read once, as for any write. A task whose own times are
 /// later than that reading (a worker's host clock ran ahead) is cancelled
 /// at its latest time, so its times never go backwards: an emergency stop
-/// refused for a few seconds of skew would leave the tree charging.
+/// refused for a few seconds of skew would leave the tree charging. For
+/// the same reason a damaged descendant is passed over, not a refusal.
 pub fn cancel_tree(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<TaskRow> {
     let root = get(tx, id)?;
     let now = clock()?;
@@ -718,7 +719,13 @@ pub fn cancel_tree(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<T
         .query_map([&root.id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     for task_id in below {
-        let task = get(tx, &task_id)?;
+        // A damaged row (one no write accepts) is passed over, left for
+        // doctor: it must not stop the rest of the tree.
+        let task = match get(tx, &task_id) {
+            Ok(task) if task.next_version().is_ok() => task,
+            Ok(_) | Err(Error::Conflict(_) | Error::Corrupt) => continue,
+            Err(other) => return Err(other),
+        };
         if !task.status.is_terminal() {
             cancel_at(tx, &task, now)?;
         }
