@@ -708,32 +708,37 @@ pub fn move_to(
 pub fn cancel_tree(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<TaskRow> {
     let root = get(tx, id)?;
     let now = clock()?;
-    // UNION, not UNION ALL: a parent cycle in a damaged file ends the walk.
-    let below: Vec<String> = tx
-        .prepare_cached(
-            "WITH RECURSIVE below(id) AS (
-                SELECT id FROM tasks WHERE parent_id = ?1
-                UNION SELECT t.id FROM tasks t JOIN below b ON t.parent_id = b.id)
-             SELECT id FROM below WHERE id <> ?1 ORDER BY id",
-        )?
-        .query_map([&root.id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    for task_id in below {
-        // A damaged row (one no write accepts) is passed over, left for
-        // doctor: it must not stop the rest of the tree.
-        let task = match get(tx, &task_id) {
-            Ok(task) if task.next_version().is_ok() => task,
-            Ok(_) | Err(Error::Conflict(_) | Error::Corrupt) => continue,
-            Err(other) => return Err(other),
-        };
-        if !task.status.is_terminal() {
-            cancel_at(tx, &task, now)?;
-        }
+    for task in open_descendants(tx, &root.id)? {
+        cancel_at(tx, &task, now)?;
     }
     if root.status.is_terminal() {
         return Ok(root);
     }
     cancel_at(tx, &root, now)
+}
+
+/// The tasks below `root` that are not terminal yet, read in one
+/// statement. A damaged row (one no write accepts) is passed over, left for
+/// doctor: it must not stop the rest of the tree.
+fn open_descendants(tx: &Transaction<'_>, root: &str) -> Result<Vec<TaskRow>> {
+    // UNION, not UNION ALL: a parent cycle in a damaged file ends the walk.
+    let mut stmt = tx.prepare_cached(&format!(
+        "WITH RECURSIVE below(id) AS (
+            SELECT id FROM tasks WHERE parent_id = ?1
+            UNION SELECT t.id FROM tasks t JOIN below b ON t.parent_id = b.id)
+         SELECT {COLUMNS} FROM tasks WHERE id IN (SELECT id FROM below WHERE id <> ?1)
+         ORDER BY id"
+    ))?;
+    let mut rows = stmt.query([root])?;
+    let mut open = Vec::new();
+    while let Some(row) = rows.next()? {
+        if let Ok(task) = TaskRow::checked(row) {
+            if !task.status.is_terminal() && task.next_version().is_ok() {
+                open.push(task);
+            }
+        }
+    }
+    Ok(open)
 }
 
 /// One cancellation of a subtree cancel, at `now` or, when the task's own
