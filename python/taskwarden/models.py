@@ -165,10 +165,9 @@ class Event:
     or ``"budget_granted"``. ``from_state`` and ``to_state`` are task
     statuses, or delivery statuses for a delivery event (a creation and a
     grant have no ``from_state``; a grant's ``to_state`` is the status it
-    found). ``at`` is the
-    ledger clock's Unix time, ``code`` the reason code, ``worker`` the
-    worker the change was made for, and the ``granted_*`` amounts are set
-    on grants only.
+    found). ``at`` is the ledger clock's Unix time, ``code`` the reason
+    code, ``worker`` the worker the change was made for, and the
+    ``granted_*`` amounts are set on grants only.
     """
 
     kind: str
