@@ -316,6 +316,38 @@ def test_transition_queued_to_running_with_worker_sets_owner(
     assert (again.owner, again.attempt_count) == ("w8", 2)
 
 
+@pytest.mark.parametrize("worker", ["w1", None])
+def test_transition_back_to_the_queue_is_a_release_with_its_attempts_rule(
+    worker: str | None, db_path: Path, clock: FrozenClock
+) -> None:
+    """``running -> queued`` is the release edge (SPEC 3), so it applies
+    release's attempts rule too: once the attempts are used up the task is
+    escalated (``attempts_exhausted``), whoever asks. It used to go back to
+    the queue every time, and a worker looped a task of ``max_attempts=1``
+    for ever."""
+    with Ledger(db_path, clock=clock) as lg:
+        task = lg.create_task(max_attempts=2)
+        for attempt in (1, 2):
+            running = lg.claim(task.id, "w1")
+            assert running is not None and running.attempt_count == attempt
+            back = lg.transition(task.id, "in_progress", "pending", worker=worker)
+            if attempt == 1:
+                assert (back.status, back.owner) == (S.QUEUED, None)
+        assert (back.status, back.park_code, back.owner) == (
+            S.ESCALATED,
+            "attempts_exhausted",
+            "w1",
+        )
+        assert lg.claim(task.id, "w2") is None
+    assert events(db_path, task.id)[-1] == (
+        "task_transition",
+        "running",
+        "escalated",
+        "attempts_exhausted",
+        worker,
+    )
+
+
 def test_transition_fences_other_workers_and_stale_attempts(ledger: Ledger, db_path: Path) -> None:
     task = bring(ledger, S.RUNNING)
     assert_refused(

@@ -500,6 +500,8 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         result = call()
         code = {S.BLOCKED: "needs_input", S.ESCALATED: "escalated_manually"}.get(dst)
+        if m.status is S.RUNNING and dst is S.QUEUED and m.attempt_count >= m.max_attempts:
+            dst, code = S.ESCALATED, "attempts_exhausted"  # the release edge's attempts rule
         self.move(m, dst, code, who)
         self.check_task(m, result)
 

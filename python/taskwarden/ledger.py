@@ -343,7 +343,11 @@ class Ledger:
         attempt: int | None = None,
     ) -> Task:
         """Compare-and-set: ``StateConflict`` unless the stored status is
-        ``expected`` and ``expected -> to`` is in ``TRANSITIONS``."""
+        ``expected`` and ``expected -> to`` is in ``TRANSITIONS``.
+
+        ``running -> queued`` is a release: once the task's attempts are used
+        up it is escalated (``attempts_exhausted``) instead, as by
+        ``release``."""
         return self._core.transition(
             task_id, expected, to, code=code, worker=worker, attempt=attempt
         )

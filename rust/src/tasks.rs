@@ -662,6 +662,16 @@ pub fn compare_and_set(
     } else {
         fence.check(&task)?;
     }
+    let (to, code) = if task.status == TaskStatus::Running
+        && to == TaskStatus::Queued
+        && task.attempt_count >= task.max_attempts
+    {
+        // This edge is a release (SPEC 3), and a release whose attempts are
+        // used up escalates instead, or a worker could loop a task for ever.
+        (TaskStatus::Escalated, Some("attempts_exhausted".to_owned()))
+    } else {
+        (to, code)
+    };
     transition(
         tx,
         &task,
