@@ -592,6 +592,33 @@ def test_purge_batches_are_bounded_by_tasks_not_only_by_trees(
     assert counts(dry) == {**counts(report), "dry_run": True}
 
 
+SCAN_ROWS = 8192
+
+
+def test_purge_reads_a_bounded_window_of_rows_per_batch(db_path: Path, clock: FrozenClock) -> None:
+    """On a file where few trees are old enough, a batch reads at most
+    8,192 rows looking for roots, and the next batch reads on from there:
+    20,000 open tasks before two purgeable ones take three windows and a
+    last, empty batch. One unbounded search (two batches) held the write
+    lock for seconds on a file of millions."""
+    open_tasks = 20_000
+    with opened(db_path, clock) as lg:
+        for _ in range(open_tasks):
+            lg.create_task(delivery_required=False)
+        purgeable = {closed_task(lg, delivery_required=False) for _ in range(2)}
+    clock.advance(3600)
+    with opened(db_path, clock) as lg:
+        dry = lg.purge(older_than_seconds=60, dry_run=True)
+        report = lg.purge(older_than_seconds=60)
+        assert lg.stats()["task_count"] == open_tasks
+        assert lg.doctor()["healthy"] is True
+    windows = -(-(open_tasks + len(purgeable)) // SCAN_ROWS)
+    assert (report["trees_purged"], report["tasks_purged"]) == (2, 2)
+    assert report["batches"] == windows + 1
+    assert counts(dry) == {**counts(report), "dry_run": True}
+    assert purgeable.isdisjoint(task_ids(logical_dump(db_path)))
+
+
 PURGE_IN_A_CHILD = """
 import sys
 from taskwarden import Ledger, LedgerError

@@ -60,34 +60,68 @@ pub struct PurgeReport {
 
 /// Roots examined per write transaction: small enough that other writers
 /// wait milliseconds, not seconds.
-pub const PURGE_BATCH: i64 = 256;
+pub const PURGE_BATCH: usize = 256;
 
 /// Tasks removed per write transaction, at most, unless one tree alone is
 /// larger (a tree is never split; it then has a batch of its own): 256
 /// large trees in one batch held the write lock for seconds.
 pub const PURGE_BATCH_TASKS: usize = 4096;
 
-/// One batch of root ids after `after`, in id order, that are fully
-/// closed and last changed at or before `cutoff`, each with whether it has
-/// children (most trees are a single task: those need no tree walk).
+/// Task rows a batch reads, at most, looking for roots: they are found by
+/// reading the table in id order, and one unbounded search held the write
+/// lock for seconds on a file of millions where few trees were old enough.
+pub const PURGE_SCAN_ROWS: usize = 8192;
+
+/// What one search for roots found.
+struct Roots {
+    /// Root ids in id order that are fully closed and last changed at or
+    /// before the cutoff, each with whether it has children (most trees are
+    /// a single task: those need no tree walk).
+    found: Vec<(String, bool)>,
+    /// The last id read, where the next search starts; `None` when no
+    /// task was left to read.
+    last_read: Option<String>,
+}
+
+/// Reads tasks after `after` in id order until a batch of roots is found
+/// or [`PURGE_SCAN_ROWS`] rows were read. The `CASE` judges each row in
+/// order of cost, so the event and child lookups run only for a root
+/// whose own fields qualify. Ids stored as anything but text, which only
+/// damage makes, are passed over, as every read refuses them.
 fn next_roots(
     tx: &Transaction<'_>,
     after: &str,
     cutoff: f64,
     tenant: Option<&str>,
-) -> Result<Vec<(String, bool)>> {
+) -> Result<Roots> {
     let mut stmt = tx.prepare_cached(&format!(
-        "SELECT r.id, EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = r.id)
-         FROM tasks r
-         WHERE r.parent_id IS NULL AND r.id > ?1 AND (?3 IS NULL OR r.tenant = ?3)
-           AND {FULLY_CLOSED} AND {}
-         ORDER BY r.id LIMIT ?4",
-        unchanged_since_cutoff("r")
+        "SELECT r.id, CASE
+             WHEN NOT (r.parent_id IS NULL AND (?3 IS NULL OR r.tenant = ?3) AND {FULLY_CLOSED}
+                       AND max(r.updated_at, r.delivery_updated_at) <= ?2) THEN 0
+             WHEN EXISTS (SELECT 1 FROM task_events e
+                          WHERE e.task_id = r.id AND e.occurred_at > ?2) THEN 0
+             WHEN EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = r.id) THEN 2
+             ELSE 1 END
+         FROM tasks r WHERE r.id > ?1 AND typeof(r.id) = 'text' ORDER BY r.id"
     ))?;
-    let rows = stmt.query_map(params![after, cutoff, tenant, PURGE_BATCH], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?))
-    })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let mut rows = stmt.query(params![after, cutoff, tenant])?;
+    let mut roots = Roots {
+        found: Vec::new(),
+        last_read: None,
+    };
+    for _ in 0..PURGE_SCAN_ROWS {
+        let Some(row) = rows.next()? else { break };
+        let id: String = row.get(0)?;
+        match row.get::<_, i64>(1)? {
+            0 => {}
+            kind => roots.found.push((id.clone(), kind == 2)),
+        }
+        roots.last_read = Some(id);
+        if roots.found.len() == PURGE_BATCH {
+            break;
+        }
+    }
+    Ok(roots)
 }
 
 // UNION, not UNION ALL: an id duplicated by damage (a flipped bit in the
@@ -168,7 +202,8 @@ pub fn purge(
     }
 }
 
-/// Purges (or counts) one batch; returns the last root examined, if any.
+/// Purges (or counts) one batch; returns the id the next batch starts
+/// after, or `None` when no task was left to read.
 fn purge_batch(
     tx: &Transaction<'_>,
     after: &str,
@@ -176,8 +211,11 @@ fn purge_batch(
     report: &mut PurgeReport,
 ) -> Result<Option<String>> {
     let (cutoff, tenant) = (scope.cutoff, scope.tenant.as_deref());
-    let roots = next_roots(tx, after, cutoff, tenant)?;
-    let Some((last, _)) = roots.last().cloned() else {
+    let Roots {
+        found: roots,
+        last_read: Some(last),
+    } = next_roots(tx, after, cutoff, tenant)?
+    else {
         return Ok(None);
     };
     let mut count_events =
