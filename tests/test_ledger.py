@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import math
 import multiprocessing
 import os
 import pickle
 import threading
 import typing
+import weakref
 from pathlib import Path
 
 import pytest
@@ -419,6 +421,31 @@ def test_calls_after_close_conflict(db_path, clock: FrozenClock) -> None:
         with pytest.raises(StateConflict):
             call()
     ledger.close()
+    assert sorted(p.name for p in db_path.parent.iterdir()) == ["ledger.db"]
+
+
+def test_a_ledger_whose_clock_refers_back_to_its_owner_is_collected(db_path: Path) -> None:
+    """An owner that gives the ledger its own bound method as the clock
+    makes a cycle (owner -> ledger -> clock -> owner). Dropped unclosed, it
+    is freed by the collector, and the file is closed like any dropped
+    ledger: no sidecars left. The handle used to hide the clock from the
+    collector, so such owners lived until the process ended."""
+
+    class Worker:
+        def __init__(self) -> None:
+            self.ledger = Ledger(db_path, clock=self.now)
+
+        def now(self) -> float:
+            return 1_700_000_000.0
+
+    refs = []
+    for _ in range(3):
+        worker = Worker()
+        worker.ledger.create_task()
+        refs.append(weakref.ref(worker))
+        del worker
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None, None]
     assert sorted(p.name for p in db_path.parent.iterdir()) == ["ledger.db"]
 
 
