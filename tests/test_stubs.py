@@ -27,6 +27,17 @@ def test_stub_names_match_the_module() -> None:
     assert names == public
 
 
+def test_stub_all_matches_the_module() -> None:
+    """``mypy.stubtest`` compares ``__all__`` too: a stub without the
+    module's list failed it."""
+    (stub_all,) = (
+        node.value
+        for node in _stub_tree().body
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]
+    )
+    assert sorted(ast.literal_eval(stub_all)) == sorted(_core.__all__)
+
+
 def test_stub_methods_match_the_class() -> None:
     cls = next(
         n for n in _stub_tree().body if isinstance(n, ast.ClassDef) and n.name == "LedgerCore"

@@ -6,6 +6,22 @@ from typing import Any, final
 
 from .models import Charge, Event, Task
 
+__all__ = [
+    "DEFAULT_SNAPSHOT_MAX_BYTES",
+    "DELIVERY_REASON_CODES",
+    "REASON_CODES",
+    "SCHEMA_VERSION",
+    "STATUS_ALIASES",
+    "TASK_REASON_CODES",
+    "TERMINAL_STATUSES",
+    "TRANSITIONS",
+    "LedgerCore",
+    "__version__",
+    "can_transition",
+    "non_negative_seconds",
+    "payload_fingerprint",
+]
+
 __version__: str
 SCHEMA_VERSION: int
 DEFAULT_SNAPSHOT_MAX_BYTES: int

@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Self, SupportsIndex, TypeVar, cast
 
 from . import _core
 from .errors import InvalidInput, StateConflict
@@ -97,7 +97,10 @@ if hasattr(os, "register_at_fork"):
 _HANDLE_ATTRIBUTES = frozenset({"_core", "_reopen_args", "path"})
 
 
-def _reopened(cls: type[Ledger], path: str, options: dict[str, Any]) -> Ledger:
+_L = TypeVar("_L", bound="Ledger")
+
+
+def _reopened(cls: type[_L], path: str, options: dict[str, Any]) -> _L:
     """A copy or an unpickled ``Ledger`` (of a subclass too): a new handle
     on the same file; the subclass's own attributes follow as its state."""
     ledger = cls.__new__(cls)
@@ -184,7 +187,7 @@ class Ledger:
         _OPEN_FILE_LEDGERS.add(self)
 
     @classmethod
-    def in_memory(cls, *, clock: Clock = time.time, busy_timeout_ms: int = 5000) -> Ledger:
+    def in_memory(cls, *, clock: Clock = time.time, busy_timeout_ms: int = 5000) -> Self:
         """A private ledger that lives in memory only (for tests)."""
         if not callable(clock):
             raise InvalidInput("clock must be callable")
@@ -196,7 +199,7 @@ class Ledger:
         ledger._reopen_args = None
         return ledger
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> Self:
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -214,13 +217,13 @@ class Ledger:
         own = {k: v for k, v in vars(self).items() if k not in _HANDLE_ATTRIBUTES}
         return (_reopened, (type(self), path, given), own or None)
 
-    def __copy__(self) -> Ledger:
-        _, (cls, path, options), own = self.__reduce__()
-        ledger = _reopened(cls, path, options)
+    def __copy__(self) -> Self:
+        _, (_, path, options), own = self.__reduce__()
+        ledger = _reopened(type(self), path, options)
         vars(ledger).update(own or {})
         return ledger
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Ledger:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
         return self.__copy__()
 
     def __exit__(
@@ -246,10 +249,10 @@ class Ledger:
         delivery_required: bool = True,
         task_id: str | None = None,
         tenant: str | None = None,
-        llm_calls_budget: int | None = 25,
-        token_budget: int | None = None,
-        cost_budget_micros: int | None = None,
-        max_attempts: int = 3,
+        llm_calls_budget: SupportsIndex | None = 25,
+        token_budget: SupportsIndex | None = None,
+        cost_budget_micros: SupportsIndex | None = None,
+        max_attempts: SupportsIndex = 3,
     ) -> Task:
         """Create a queued task, or return it unchanged when the same id is
         created again with the same immutable fields (parent, payload hash,
@@ -396,9 +399,9 @@ class Ledger:
         self,
         task_id: str,
         *,
-        calls: int = 1,
-        tokens: int = 0,
-        cost_micros: int = 0,
+        calls: SupportsIndex = 1,
+        tokens: SupportsIndex = 0,
+        cost_micros: SupportsIndex = 0,
         worker: str | None = None,
         attempt: int | None = None,
     ) -> Charge:
@@ -422,7 +425,14 @@ class Ledger:
         """The budget figures without charging."""
         return self._core.budget(task_id)
 
-    def grant(self, task_id: str, *, calls: int = 0, tokens: int = 0, cost_micros: int = 0) -> Task:
+    def grant(
+        self,
+        task_id: str,
+        *,
+        calls: SupportsIndex = 0,
+        tokens: SupportsIndex = 0,
+        cost_micros: SupportsIndex = 0,
+    ) -> Task:
         """Raise a task's limits (never lower them); recorded as ``budget_granted``."""
         return self._core.grant(task_id, calls=calls, tokens=tokens, cost_micros=cost_micros)
 
