@@ -386,6 +386,91 @@ def test_ctrl_c_ends_a_wait_for_another_threads_call(db_path: Path) -> None:
     assert task_count(db_path) == 0
 
 
+HANDLER_CLOSING_WHILE_QUEUED = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger, StateConflict
+ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
+writer = threading.Thread(target=lambda: ledger.create_task(), daemon=True)
+writer.start()
+time.sleep(0.3)  # the writer's call now holds the handle in its lock wait
+def on_term(signum, frame):
+    try:
+        ledger.close()
+    except StateConflict:
+        raise SystemExit(5)
+signal.signal(signal.SIGTERM, on_term)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+ledger.stats()  # waits in the handle's line behind the writer
+"""
+
+
+def test_a_signal_handler_closing_a_ledger_its_thread_waits_for_is_refused(
+    db_path: Path,
+) -> None:
+    """The main thread waits in the handle's line behind another thread's
+    call; a handler run during that wait that closes the same ledger is a
+    StateConflict at once. It used to queue behind its own thread's place
+    in the line, and close() waits without a bound: the process hung."""
+    Ledger(db_path).close()
+    with write_lock_held(db_path):
+        done = subprocess.run(
+            [sys.executable, "-c", HANDLER_CLOSING_WHILE_QUEUED, str(db_path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 5, done.stderr
+
+
+HANDLER_JOINING_WHILE_QUEUED = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger, LedgerBusy
+ledger = Ledger(sys.argv[1], busy_timeout_ms=4_000)
+writer = threading.Thread(target=lambda: ledger.create_task())
+writer.start()
+time.sleep(0.2)  # the writer's call holds the handle until the lock is freed
+stop, outcomes = threading.Event(), []
+def work():
+    time.sleep(0.1)  # the main thread's call is in the line first
+    try:
+        while not stop.is_set():
+            ledger.stats()
+            time.sleep(0.01)
+        outcomes.append("stopped")
+    except LedgerBusy:
+        outcomes.append("busy")
+workers = [threading.Thread(target=work) for _ in range(2)]
+for w in workers: w.start()
+def on_term(signum, frame):  # a graceful shutdown: stop the workers, wait for them
+    stop.set()
+    for w in workers: w.join()
+    writer.join()
+    raise SystemExit(7 if outcomes == ["stopped", "stopped"] else 3)
+signal.signal(signal.SIGTERM, on_term)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+ledger.stats()  # waits in the handle's line, ahead of the workers
+"""
+
+
+def test_a_handler_run_while_its_thread_waits_in_line_holds_nobody_back(
+    db_path: Path,
+) -> None:
+    """The main thread waits in the handle's line, ahead of two workers; a
+    shutdown handler run during that wait stops and joins them. The main
+    thread steps out of the line while the handler runs, so once the lock
+    is free the workers' calls go through and they stop cleanly. Its place
+    at the front used to hold them back until LedgerBusy."""
+    Ledger(db_path).close()
+    with write_lock_held(db_path, hold_seconds=1.0):
+        done = subprocess.run(
+            [sys.executable, "-c", HANDLER_JOINING_WHILE_QUEUED, str(db_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 7, done.stderr
+
+
 INTERRUPTED_OPEN = r"""
 import os, signal, sys, threading, time
 from taskwarden import Ledger

@@ -96,6 +96,12 @@ impl LoopSignals {
         }
     }
 
+    /// Whether the next [`check`](Self::check) runs Python's handlers.
+    #[must_use]
+    pub fn due(&self) -> bool {
+        self.watch.due()
+    }
+
     /// The exception a signal handler raised since the last look, if any.
     pub fn check(&mut self) -> Result<()> {
         if self.watch.signalled(&self.interruption) {
@@ -163,9 +169,15 @@ impl SignalWatch {
         }
     }
 
+    /// Whether a look for signals is due.
+    #[must_use]
+    pub fn due(&self) -> bool {
+        Instant::now() >= self.next
+    }
+
     /// True when a signal handler raised; checks at most once per period.
     pub fn signalled(&mut self, interruption: &Interruption) -> bool {
-        if Instant::now() < self.next {
+        if !self.due() {
             return false;
         }
         self.next = Instant::now() + SIGNAL_CHECK_EVERY;

@@ -100,13 +100,26 @@ impl CallQueue {
                 .wait_timeout(line, slice)
                 .map_or_else(|e| e.into_inner().0, |(l, _)| l);
             line.sleepers -= 1;
-            if !line.first_in_line(mine) {
-                // Python's handlers run without the line's lock held.
+            if !line.first_in_line(mine) && signals.due() {
+                // Python's handlers run without the line's lock held, and
+                // out of the line: a handler may run for long (a shutdown
+                // handler joining the other threads that wait here), and
+                // a caller at the front that cannot take its turn held
+                // every other caller back until they gave up.
+                let place = line.waiting.iter().position(|(n, _)| *n == mine);
+                let entry = place.and_then(|at| line.waiting.remove(at));
+                self.wake(&line);
                 drop(line);
                 let raised = signals.check();
                 line = self.line();
                 if let Err(raised) = raised {
-                    return Err(self.leave(line, mine, raised));
+                    self.wake(&line);
+                    return Err(raised);
+                }
+                if let Some(entry) = entry {
+                    // Back at its place: numbers are taken in arrival order.
+                    let at = line.waiting.partition_point(|(n, _)| *n < mine);
+                    line.waiting.insert(at, entry);
                 }
             }
         }

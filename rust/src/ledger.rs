@@ -134,7 +134,12 @@ impl LedgerCore {
                  (its clock, or a signal handler during a lock wait)",
             ));
         }
-        let turn = self.queue.wait_turn(timeout)?;
+        let turn = {
+            // A signal handler run during this wait that calls this ledger
+            // would queue behind its own thread: refused like the above.
+            let _waiting = OwnCall::enter(self);
+            self.queue.wait_turn(timeout)?
+        };
         // In turn, nothing else of this process holds the store (only a
         // forked child's guard takes it, in the child).
         // A panic in an earlier call (a bug) poisoned the lock. Its
