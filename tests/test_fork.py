@@ -251,3 +251,58 @@ def test_a_child_s_close_during_the_first_call_still_closes(tmp_path: Path) -> N
     assert run_python(_CLOSE_DURING_FIRST_CALL, str(path))[0] == "0"
     with Ledger(path) as ledger:
         assert ledger.doctor()["healthy"] is True
+
+
+# A forked child's first call opens its own connection and waits there:
+# another process holds the file exclusively. A SIGTERM handler run during
+# that wait closes the ledger.
+_HANDLER_CLOSING_DURING_THE_OPEN = """
+import os, signal, subprocess, sys, threading
+from taskwarden import Ledger, StateConflict
+path = sys.argv[1]
+ledger = Ledger(path, busy_timeout_ms=30_000)
+ledger.create_task()
+ready_r, ready_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.read(ready_r, 1)
+    def on_term(signum, frame):
+        try:
+            ledger.close()
+        except StateConflict:
+            os._exit(5)
+        os._exit(6)
+    signal.signal(signal.SIGTERM, on_term)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    ledger.stats()
+    os._exit(7)
+ledger.close()
+holder = subprocess.Popen(
+    [sys.executable, "-c",
+     "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+     "c.execute('PRAGMA locking_mode=EXCLUSIVE'); c.execute('BEGIN EXCLUSIVE'); "
+     "c.execute('SELECT count(*) FROM sqlite_master').fetchone(); "
+     "print('locked', flush=True); sys.stdin.read()", path],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+)
+assert holder.stdout.readline() == "locked\\n"
+os.write(ready_w, b"x")
+_, status = os.waitpid(pid, 0)
+holder.stdin.close()
+holder.wait()
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork semantics tested on Linux")
+def test_a_child_s_handler_closing_during_the_first_call_s_open_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The open that a forked child's first call makes runs signal handlers
+    while it waits for a lock. A handler that closes the ledger then is a
+    StateConflict at once; it used to wait for the open its own thread was
+    making, for ever."""
+    path = _private(tmp_path)
+    assert run_python(_HANDLER_CLOSING_DURING_THE_OPEN, str(path))[0] == "5"
+    with Ledger(path) as ledger:
+        assert ledger.doctor()["healthy"] is True

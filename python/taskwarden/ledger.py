@@ -49,24 +49,40 @@ class _InheritedCore:
         self._ledger = ledger
         self._inherited = inherited  # dropped only once the child's own is open
         self._opening = threading.Lock()
+        self._opener: int | None = None  # the thread inside the open, if any
 
     def __getattr__(self, name: str) -> Any:
+        self._refuse_the_opener()
         with self._opening:
             current: Any = self._ledger._core
             if current is self:
                 assert self._ledger._reopen_args is not None  # file ledgers only
                 path, options = self._ledger._reopen_args
-                current = _core.LedgerCore(path, **options)
+                self._opener = threading.get_ident()
+                try:
+                    current = _core.LedgerCore(path, **options)
+                finally:
+                    self._opener = None
                 self._ledger._core = current
         return getattr(current, name)
 
     def close(self) -> None:
         """Closing before any call opens nothing; during the first call,
         it closes what that call opened."""
+        self._refuse_the_opener()
         with self._opening:
             current: Any = self._ledger._core
             if current is not self:
                 current.close()
+
+    def _refuse_the_opener(self) -> None:
+        """The open runs signal handlers while it waits for a lock; one
+        that calls this ledger would wait for its own thread for ever."""
+        if self._opener == threading.get_ident():
+            raise StateConflict(
+                "the ledger was called from inside one of its own calls "
+                "(its clock, or a signal handler during a lock wait)"
+            )
 
 
 # The system clock as it was at import, which the core reads itself
