@@ -252,9 +252,20 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
     if !names.iter().any(|n| n == "schema_meta") {
         return Err(MISMATCH);
     }
+    // The objects first: `schema_meta` is read only once its own DDL is
+    // known to be one of ours (damaged, say a column renamed by one
+    // flipped byte, the read failed as an internal error).
+    let fp = fingerprint(conn)?;
+    let known = [
+        current_fingerprint()?,
+        FIRST_LAYOUT_FINGERPRINT,
+        PEER_FINGERPRINT,
+    ];
+    if !known.contains(&fp.as_str()) {
+        return Err(MISMATCH);
+    }
     let meta = read_meta(conn)?;
     let version = meta.get("schema_version").ok_or(MISMATCH)?;
-    let fp = fingerprint(conn)?;
     match version.as_str() {
         "3" => {
             let stored = meta.get("schema_fingerprint").map(String::as_str);

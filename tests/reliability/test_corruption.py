@@ -35,8 +35,9 @@ from typing import Any
 
 import pytest
 
-from taskwarden import Ledger
+from taskwarden import Ledger, StateConflict
 
+from ..conftest import run_cli
 from ._corrupt_probe import system_view
 
 PROBE = Path(__file__).with_name("_corrupt_probe.py")
@@ -318,6 +319,29 @@ def test_damaged_schema_text_gives_a_clean_answer(tmp_path: Path, old: bytes, ne
     for answer in (result["read_only"], result["writable"]):
         assert "bad" not in answer, answer
         assert answer != {"healthy": True}
+
+
+def test_a_schema_meta_without_its_columns_is_not_a_ledger(tmp_path: Path) -> None:
+    """``schema_meta``'s stored DDL damaged so that it loses its ``value``
+    column (one flipped byte: ``value TEXT`` -> ``value0TEXT``): every open
+    is a ``StateConflict``, and doctor exits 2. The metadata used to be read
+    before the DDL was checked, and the failed read was an internal error
+    (``RuntimeError``, exit 3) for every open, doctor's included."""
+    path = tmp_path / "ledger.db"
+    Ledger(path).close()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA writable_schema=ON")
+        conn.execute(
+            "UPDATE sqlite_master SET sql = replace(sql, 'value TEXT', 'value0TEXT') "
+            "WHERE name = 'schema_meta'"
+        )
+        conn.commit()
+    for read_only in (True, False):
+        with pytest.raises(StateConflict):
+            Ledger(path, read_only=read_only)
+    for extra in ([], ["--read-only"]):
+        code, parsed, _ = run_cli("--db", str(path), "doctor", *extra)
+        assert (code, parsed) == (2, {"error": "StateConflict", "ok": False})
 
 
 @pytest.mark.parametrize(
