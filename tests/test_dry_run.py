@@ -493,6 +493,57 @@ def test_read_only_opens_while_a_writer_comes_and_goes(tmp_path: Path) -> None:
         assert ledger.get_task(ids["q_old"]).status == "queued"
 
 
+HEARTBEATS = """
+import os, sys
+from taskwarden import Ledger
+path, stop = sys.argv[1], sys.argv[2]
+with Ledger(path) as ledger:
+    task = ledger.create_task()
+    ledger.start_task(task.id)
+    print("ready", flush=True)
+    beats = 0
+    while not os.path.exists(stop):
+        ledger.heartbeat(task.id)
+        beats += 1
+print(beats, flush=True)
+"""
+
+
+def test_read_only_reads_beside_a_busy_writer_never_fail(tmp_path: Path) -> None:
+    """A read-only handle on a live ledger reads the WAL index without the
+    right to repair it, and SQLite answers a read that meets the writer
+    mid-update with SQLITE_READONLY_RECOVERY. Such reads are retried: beside
+    a process that heartbeats without pause, opens, reads, dry runs and
+    doctor never fail and never call the ledger unhealthy. About one read
+    in a few thousand used to raise StateConflict('ledger is read-only'),
+    and doctor now and then reported quick_check failed."""
+    path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
+    stop = tmp_path / "stop"
+    calls = 0
+    with subprocess.Popen(
+        [sys.executable, "-c", HEARTBEATS, str(path), str(stop)], stdout=subprocess.PIPE, text=True
+    ) as writer:
+        assert writer.stdout is not None
+        try:
+            assert writer.stdout.readline().strip() == "ready"
+            deadline = time.monotonic() + 4.0
+            while time.monotonic() < deadline:
+                with Ledger(path, read_only=True) as reader:
+                    assert reader.storage_info()["journal_mode"] == "wal"
+                    for _ in range(50):
+                        assert reader.get_task(ids["q_old"]).status == "queued"
+                        reader.reconcile(
+                            active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+                        )
+                        calls += 2
+                    assert reader.doctor()["healthy"] is True
+        finally:
+            stop.touch()
+            beats = int(writer.stdout.read().strip() or 0)
+            assert writer.wait(timeout=60) == 0
+    assert beats > 1000 and calls > 1000, (beats, calls)
+
+
 # ---------------------------------------------------------------------------
 # One snapshot per handle.
 

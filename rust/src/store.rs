@@ -383,12 +383,14 @@ impl Store {
         let mut store = Store::new(conn, backing, Some(lease), timing, interruption.clone());
         store.install_busy_handler()?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
+        // First, as it reads the schema in a read that may race a writer
+        // (see `begin_snapshot`): `synchronous` would read it too, unguarded.
+        store.prepare_read_only_schema(opts.snapshot_max_bytes)?;
         // Nothing is committed here; set only so `storage_info` tells the
         // level this handle was opened with, not SQLite's default.
         store
             .conn
             .pragma_update(None, "synchronous", opts.durability.pragma())?;
-        store.prepare_read_only_schema(opts.snapshot_max_bytes)?;
         store.conn.pragma_update(None, "query_only", true)?;
         pin_query_plans(&store.conn)?;
         Ok(store)
@@ -740,8 +742,13 @@ impl Store {
         op: impl FnOnce(&Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
         self.interruption.forget();
+        let racing_reads = self.read_race_timeout();
         let outcome = (|| {
+            let reads = matches!(behavior, TransactionBehavior::Deferred);
             let tx = self.conn.transaction_with_behavior(behavior)?;
+            if let (true, Some(timeout)) = (reads, racing_reads) {
+                begin_snapshot(&tx, timeout)?;
+            }
             let out = op(&tx)?;
             match (size, &self.wal) {
                 (Size::Large, Some(wal)) => wal.syncing_while(|| tx.commit())?,
@@ -856,8 +863,7 @@ impl Store {
     /// so the doctor costs little more than `quick_check` alone.
     pub fn doctor(&mut self) -> Result<doctor::Report> {
         let Backing::File { path, .. } = &self.backing else {
-            let quick = doctor::quick_check(&self.conn);
-            let report = self.check_snapshot()?.with_quick_check(quick);
+            let report = self.check_snapshot(true)?;
             return Ok(match self.backing {
                 Backing::ReadOnly {
                     peer_version: Some(v),
@@ -886,7 +892,7 @@ impl Store {
                     .and_then(|c| c.busy_timeout(busy).map(|()| c))
                     .is_ok_and(|c| doctor::quick_check(&c))
             });
-            let report = self.check_snapshot();
+            let report = self.check_snapshot(false);
             let quick = quick.join().unwrap_or(false);
             Ok(report?.with_quick_check(quick))
         })
@@ -901,15 +907,38 @@ impl Store {
 
     /// Doctor's logical checks in one read transaction. The transaction is
     /// only ever rolled back: on a damaged file even the end of a read can
-    /// fail, and the report must survive that.
-    fn check_snapshot(&mut self) -> Result<doctor::Report> {
+    /// fail, and the report must survive that. `with_quick_check` also runs
+    /// this connection's `quick_check` in that same transaction.
+    fn check_snapshot(&mut self, with_quick_check: bool) -> Result<doctor::Report> {
         self.verify()?;
+        let racing_reads = self.read_race_timeout();
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Deferred)?;
-        let report = doctor::check(&tx);
+        match racing_reads.map_or(Ok(()), |timeout| begin_snapshot(&tx, timeout)) {
+            // Damage at the start of the read is the checks' to report.
+            Ok(()) | Err(Error::Corrupt | Error::Storage(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let mut report = doctor::check(&tx);
+        if with_quick_check {
+            report = report.with_quick_check(doctor::quick_check(&tx));
+        }
         tx.rollback().ok();
         Ok(report)
+    }
+
+    /// How long a read may retry its start, for a connection whose reads
+    /// can race a writer (see [`begin_snapshot`]); `None` for others.
+    fn read_race_timeout(&self) -> Option<Duration> {
+        matches!(
+            self.backing,
+            Backing::ReadOnly {
+                journal_mode: "wal",
+                ..
+            }
+        )
+        .then(|| Duration::from_millis(u64::from(self.busy_timeout_ms)))
     }
 
     /// Bytes of the database file and of its WAL (files only).
@@ -984,6 +1013,42 @@ impl Store {
 /// this, SQLite peeks at bound values (a `LIMIT ?`, a `status = ?` next to
 /// a partial index) and then re-prepares the statement after every bind:
 /// about a tenth of the cost of a claim.
+/// Starts `tx`'s read. A read-only connection to a live WAL file reads the
+/// WAL index without the right to repair it, and SQLite answers a read
+/// that meets a writer mid-update with `SQLITE_READONLY_RECOVERY` ("a race
+/// with a writer", in its own words) instead of waiting in the busy
+/// handler: a reader beside a busy fleet failed about one read in a few
+/// thousand ("ledger is read-only"), and doctor called a healthy ledger
+/// unhealthy. Such a start is retried like a lock wait: `timeout` at most,
+/// then `Busy`; Ctrl-C ends it.
+fn begin_snapshot(tx: &Transaction<'_>, timeout: Duration) -> Result<()> {
+    let started = Instant::now();
+    let mut signals = busy::LoopSignals::starting_now();
+    for attempt in 0u32.. {
+        match tx.query_row("PRAGMA schema_version", [], |_| Ok(())) {
+            Ok(()) => return Ok(()),
+            Err(e) if !is_read_race(&e) => return Err(e.into()),
+            Err(_) if started.elapsed() >= timeout => return Err(Error::Busy),
+            Err(_) => {}
+        }
+        signals.check()?;
+        if attempt < 20 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    Err(Error::Busy)
+}
+
+/// SQLite's answers to a read-only reader that met a writer updating the
+/// WAL index: transient, gone on the next try.
+fn is_read_race(err: &rusqlite::Error) -> bool {
+    matches!(err, rusqlite::Error::SqliteFailure(e, _)
+        if e.extended_code == rusqlite::ffi::SQLITE_READONLY_RECOVERY
+            || e.extended_code == rusqlite::ffi::SQLITE_READONLY_CANTINIT)
+}
+
 fn pin_query_plans(conn: &Connection) -> Result<()> {
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     Ok(())
