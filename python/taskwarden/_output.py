@@ -147,3 +147,31 @@ def write_all(text: str) -> None:
     data = memoryview(text.encode(out.encoding or "utf-8", out.errors or "strict"))
     while data:
         data = data[os.write(fd, data) :]
+
+
+def doctor_text(report: dict[str, Any]) -> list[str]:
+    """What ``doctor --format text`` says: the verdict, then each problem."""
+    verdict = "healthy" if report["healthy"] else "UNHEALTHY"
+    lines = [
+        f"ledger: {verdict} (schema v{report['schema_version']}, "
+        f"{_count(report['task_count'], 'task')}, {_count(report['event_count'], 'event')})"
+    ]
+    if report["quick_check"] != "ok":
+        lines.append("  SQLite quick_check failed: the file is damaged")
+    if not report["schema_ok"]:
+        lines.append("  the schema is not exactly taskwarden's")
+    problems = {
+        k: v
+        for k, v in report.items()
+        if k.endswith("_count") and v and k not in ("task_count", "event_count")
+    }
+    lines += [
+        f"  {key.removesuffix('_count').replace('_', ' ')}: {n}" for key, n in problems.items()
+    ]
+    counts = ", ".join(f"{k} {v}" for k, v in report["task_status_counts"].items() if v)
+    lines.append(f"tasks by status: {counts or 'none'}")
+    return lines
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -17,221 +17,28 @@ import itertools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
-from . import __version__, _core
-from ._fleet_cli import (
-    FLEET_COMMANDS,
-    add_fence,
-    add_fleet_commands,
-    add_task_id,
-    codes_help,
-    fleet_command,
-    given,
-    task_answer,
+from . import __version__
+from ._fleet_cli import FLEET_COMMANDS, add_fleet_commands, fleet_command, given, task_answer
+from ._output import doctor_text, render, write_all
+from ._parser import (
+    MAX_SNAPSHOT_MIB,
+    SafeArgumentParser,
+    add_global_options,
+    add_lifecycle_commands,
+    add_recovery_commands,
+    common_options,
+    reading_options,
+    snapshot_bytes,
 )
-from ._output import render, write_all
-from .compat import DELIVERY_REASON_CODES, TASK_REASON_CODES
 from .errors import InvalidInput, LedgerError, StateConflict
 from .ledger import Ledger
-from .models import DeliveryStatus, TaskStatus
 
 __all__ = ["build_parser", "main"]
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_LEDGER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command stopped by SIGINT
-
-# The terminal statuses, and the aliases of any of them ("completed").
-_TERMINAL = [s.value for s in TaskStatus if s.is_terminal] + [
-    alias for alias, to in _core.STATUS_ALIASES.items() if TaskStatus(to).is_terminal
-]
-# The read-only copy's default cap, as the core has it, in MiB.
-_DEFAULT_SNAPSHOT_MIB = _core.DEFAULT_SNAPSHOT_MAX_BYTES >> 20
-# The largest --snapshot-max-mib whose byte count the core can hold.
-_MAX_SNAPSHOT_MIB = (2**63 - 1) >> 20
-_DELIVERY = [s.value for s in DeliveryStatus if s is not DeliveryStatus.PENDING]
-
-
-class SafeArgumentParser(argparse.ArgumentParser):
-    """An argument parser whose errors never echo what was typed."""
-
-    def error(self, message: str) -> NoReturn:
-        raise InvalidInput(_without_values(message))
-
-
-# argparse complaints that name only this parser's own arguments.
-_VALUE_FREE = ("expected one argument", "not allowed with argument ")
-
-
-def _without_values(message: str) -> str:
-    """argparse's complaint, cut before anything the user typed: what comes
-    before "argument X:" and the list of missing arguments are the parser's
-    own names; invalid values and unknown arguments are the user's."""
-    if message.startswith("the following arguments are required: "):
-        return message
-    if message.startswith("argument ") and ": " in message:
-        name, detail = message[len("argument ") :].split(": ", 1)
-        if detail.startswith(_VALUE_FREE):
-            return message
-        kind = "choice" if detail.startswith("invalid choice") else "value"
-        return f"argument {name}: invalid {kind}"
-    if message.startswith("unrecognized arguments"):
-        return "unrecognized arguments"
-    return "invalid command-line arguments"
-
-
-def _common() -> argparse.ArgumentParser:
-    """--format and --db, taken after the command as well as before it
-    (unset ones keep what was given before: argparse would otherwise let
-    a command's default replace it)."""
-    common = SafeArgumentParser(add_help=False)
-    _add_format(common)
-    common.add_argument(
-        "--db", metavar="PATH", default=argparse.SUPPRESS, help="path of the ledger file"
-    )
-    return common
-
-
-def _add_snapshot_cap(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
-        "--snapshot-max-mib",
-        type=int,
-        default=_DEFAULT_SNAPSHOT_MIB,
-        help=f"{what} (default {_DEFAULT_SNAPSHOT_MIB})",
-    )
-
-
-def _snapshot_bytes(args: argparse.Namespace) -> int:
-    return int(args.snapshot_max_mib) * 1024 * 1024
-
-
-def _add_format(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--format",
-        choices=["json", "text"],
-        default=argparse.SUPPRESS,
-        help="output format (default json)",
-    )
-
-
-def _add_lifecycle(
-    sub: Any, common: argparse.ArgumentParser, reading: argparse.ArgumentParser
-) -> None:
-    sub.add_parser("init", parents=[common], help="create (or migrate) the ledger file")
-
-    create = sub.add_parser("create", parents=[common], help="create a task (idempotent by id)")
-    create.add_argument("--task-id", help="caller-chosen UUID (default a new time-ordered one)")
-    create.add_argument("--parent-id", help="UUID of an existing parent task")
-    create.add_argument(
-        "--payload-sha256", help="lowercase SHA-256 of the payload (never the payload)"
-    )
-    create.add_argument(
-        "--timeout-seconds", type=float, help="deadline after each start (default none)"
-    )
-    create.add_argument("--internal", action="store_true", help="no direct delivery expected")
-    create.add_argument("--tenant", help="tenant id: 1-128 of [A-Za-z0-9._:@-]")
-    calls = create.add_mutually_exclusive_group()
-    calls.add_argument("--llm-calls-budget", type=int, help="LLM-call limit (default 25)")
-    calls.add_argument("--unlimited-calls", action="store_true", help="no LLM-call limit")
-    create.add_argument("--token-budget", type=int, help="token limit (default unlimited)")
-    create.add_argument(
-        "--cost-budget-micros", type=int, help="cost limit in micro-units (default unlimited)"
-    )
-    create.add_argument(
-        "--max-attempts",
-        type=int,
-        help="starts (claims, start, queued -> running) before a release escalates (default 3)",
-    )
-
-    start = sub.add_parser("start", parents=[common], help="queued -> running")
-    add_task_id(start)
-    get = sub.add_parser("get", parents=[common, reading], help="show one task")
-    add_task_id(get)
-    events = sub.add_parser(
-        "events", parents=[common, reading], help="show a task's history, oldest first"
-    )
-    add_task_id(events)
-
-    heartbeat = sub.add_parser("heartbeat", parents=[common], help="mark a running task alive")
-    add_task_id(heartbeat)
-    add_fence(heartbeat)
-
-    close = sub.add_parser("close", parents=[common], help="move a task to a terminal status")
-    add_task_id(close)
-    close.add_argument("--status", required=True, choices=_TERMINAL, help="the terminal status")
-    terminal_codes = {to: c for to, c in TASK_REASON_CODES.items() if to.is_terminal}
-    close.add_argument("--code", help=codes_help(terminal_codes))
-    add_fence(close)
-
-    delivery = sub.add_parser("delivery", parents=[common], help="record a delivery outcome")
-    add_task_id(delivery)
-    delivery.add_argument("--status", required=True, choices=_DELIVERY, help="the outcome")
-    delivery.add_argument("--code", help=codes_help(DELIVERY_REASON_CODES, "outcome"))
-
-
-def _add_recovery(
-    sub: Any, common: argparse.ArgumentParser, reading: argparse.ArgumentParser
-) -> None:
-    rec = sub.add_parser(
-        "reconcile",
-        parents=[common],
-        help="time out lost running tasks and expired deliveries (--dry-run: preview)",
-    )
-    rec.add_argument(
-        "--active-grace-seconds",
-        type=float,
-        default=600.0,
-        help="time out a running task silent this long (default 600, ten minutes)",
-    )
-    rec.add_argument(
-        "--delivery-grace-seconds",
-        type=float,
-        default=600.0,
-        help="close for good a pending delivery of a task that ended this long ago "
-        "(default 600, ten minutes; it cannot be marked delivered afterwards)",
-    )
-    rec.add_argument(
-        "--dry-run", action="store_true", help="read-only preview: counts, nothing written"
-    )
-    rec.add_argument(
-        "--worker-lost",
-        help="also time out this worker's running tasks now (the graces still apply to "
-        "all tasks: give large ones to act on this worker's alone)",
-    )
-    rec.add_argument("--tenant", help="only this tenant's tasks")
-    _add_snapshot_cap(rec, "largest file a dry run copies into memory")
-    sub.add_parser(
-        "doctor",
-        parents=[common, reading],
-        help="integrity and consistency check (exit 1 if unhealthy)",
-    )
-    purge = sub.add_parser(
-        "purge", parents=[common], help="remove fully closed task trees older than a cutoff"
-    )
-    purge.add_argument(
-        "--older-than-seconds",
-        type=float,
-        required=True,
-        help="last change at least this long ago",
-    )
-    purge.add_argument(
-        "--dry-run", action="store_true", help="read-only preview: counts, nothing written"
-    )
-    purge.add_argument("--tenant", help="only this tenant's trees")
-    _add_snapshot_cap(purge, "largest file a dry run copies into memory")
-    stats = sub.add_parser(
-        "stats", parents=[common, reading], help="counts by status, delivery, tenant"
-    )
-    stats.add_argument("--tenant", help="only this tenant's tasks")
-    demo = sub.add_parser(
-        "demo", parents=[common], help="a synthetic restart: preview, apply, recheck"
-    )
-    demo.add_argument(
-        "--keep-db",
-        metavar="PATH",
-        help="build the demo ledger here, a path that does not exist yet, and keep it "
-        "(the global --db does the same)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,53 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
     about, outputs = __doc__.split("\n\n")[:2]
     parser = SafeArgumentParser(prog="taskwarden", description=about, epilog=outputs)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--db", metavar="PATH", help="path of the ledger file")
-    _add_format(parser)
-    parser.add_argument(
-        "--allow-external-acl",
-        action="store_true",
-        help="confirm an externally secured directory on platforms without POSIX modes",
-    )
-    parser.add_argument(
-        "--busy-timeout-ms", type=int, default=5000, help="lock wait (default 5000)"
-    )
+    add_global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = _common()
-    reading = _reading()
-    _add_lifecycle(sub, common, reading)
+    common, reading = common_options(), reading_options()
+    add_lifecycle_commands(sub, common, reading)
     add_fleet_commands(sub, common, reading)
-    _add_recovery(sub, common, reading)
+    add_recovery_commands(sub, common, reading)
     return parser
-
-
-def _reading() -> argparse.ArgumentParser:
-    """The options of every command that only reads."""
-    reading = SafeArgumentParser(add_help=False)
-    reading.add_argument(
-        "--read-only",
-        action="store_true",
-        help="never create, migrate or touch the file (a closed file is read from a "
-        "private copy, one another process has open in place)",
-    )
-    _add_snapshot_cap(
-        reading,
-        "largest file read through a private copy: with --read-only, "
-        "and a task-state-guard file always",
-    )
-    return reading
 
 
 def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) -> Ledger:
     if args.db is None:
         raise InvalidInput("--db is required for this command")
     # Checked whether or not it is used: a bad number is bad input either way.
-    if not 0 <= getattr(args, "snapshot_max_mib", 0) <= _MAX_SNAPSHOT_MIB:
+    if not 0 <= getattr(args, "snapshot_max_mib", 0) <= MAX_SNAPSHOT_MIB:
         raise InvalidInput("snapshot size is out of range")
     if getattr(args, "scratch", False):
         return Ledger.in_memory(busy_timeout_ms=args.busy_timeout_ms)
     if getattr(args, "read_only", False):
         read_only = True
-        options["snapshot_max_bytes"] = _snapshot_bytes(args)
+        options["snapshot_max_bytes"] = snapshot_bytes(args)
     elif hasattr(args, "read_only") and not read_only:
         return _open_for_reading(args, **options)
     return Ledger(
@@ -316,7 +96,7 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
         # The copy's refusal is the one to report: it is why the file
         # cannot be read (a task-state-guard file over the copy's cap, say).
         try:
-            return opened(read_only=True, snapshot_max_bytes=_snapshot_bytes(args))
+            return opened(read_only=True, snapshot_max_bytes=snapshot_bytes(args))
         except LedgerError as unreadable:
             raise unreadable from refused
 
@@ -386,7 +166,7 @@ def _cmd_delivery(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
-    options = {"snapshot_max_bytes": _snapshot_bytes(args)}
+    options = {"snapshot_max_bytes": snapshot_bytes(args)}
     with _open(args, read_only=args.dry_run, **options) as ledger:
         report = ledger.reconcile(
             active_grace_seconds=args.active_grace_seconds,
@@ -401,38 +181,11 @@ def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
         report = ledger.doctor()
-    return {**report, "_healthy": report["healthy"] is True, "_explain": _doctor_text(report)}
-
-
-def _doctor_text(report: dict[str, Any]) -> list[str]:
-    verdict = "healthy" if report["healthy"] else "UNHEALTHY"
-    lines = [
-        f"ledger: {verdict} (schema v{report['schema_version']}, "
-        f"{_count(report['task_count'], 'task')}, {_count(report['event_count'], 'event')})"
-    ]
-    if report["quick_check"] != "ok":
-        lines.append("  SQLite quick_check failed: the file is damaged")
-    if not report["schema_ok"]:
-        lines.append("  the schema is not exactly taskwarden's")
-    problems = {
-        k: v
-        for k, v in report.items()
-        if k.endswith("_count") and v and k not in ("task_count", "event_count")
-    }
-    lines += [
-        f"  {key.removesuffix('_count').replace('_', ' ')}: {n}" for key, n in problems.items()
-    ]
-    counts = ", ".join(f"{k} {v}" for k, v in report["task_status_counts"].items() if v)
-    lines.append(f"tasks by status: {counts or 'none'}")
-    return lines
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+    return {**report, "_healthy": report["healthy"] is True, "_explain": doctor_text(report)}
 
 
 def _cmd_purge(args: argparse.Namespace) -> dict[str, Any]:
-    options = {"snapshot_max_bytes": _snapshot_bytes(args)} if args.dry_run else {}
+    options = {"snapshot_max_bytes": snapshot_bytes(args)} if args.dry_run else {}
     with _open(args, read_only=args.dry_run, **options) as ledger:
         report = ledger.purge(
             older_than_seconds=args.older_than_seconds, dry_run=args.dry_run, tenant=args.tenant
