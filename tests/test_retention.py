@@ -507,6 +507,28 @@ def test_purge_is_scoped_to_a_tenant(tenant: str, db_path: Path, clock: FrozenCl
     assert counts(rest) == expected_report(before, sc, sc.purgeable - mine, dry=False)
 
 
+def test_a_tenant_s_purge_leaves_old_tasks_without_a_tenant(
+    db_path: Path, clock: FrozenClock
+) -> None:
+    """Old, fully closed single tasks of tenant "acme", of no tenant and of
+    "other": a purge scoped to "acme" takes its own task alone, in the dry
+    run too. A root search that read a NULL tenant as a match (a CASE, not
+    a WHERE) took the task with no tenant as well."""
+    with opened(db_path, clock) as lg:
+        ids = {
+            tenant: closed_task(lg, tenant=tenant, delivery_required=False)
+            for tenant in ("acme", None, "other")
+        }
+    clock.advance(3600)
+    with opened(db_path, clock) as lg:
+        dry = lg.purge(older_than_seconds=60, dry_run=True, tenant="acme")
+        report = lg.purge(older_than_seconds=60, tenant="acme")
+        left = {task.id for task in lg.list_tasks()}
+    assert (report["trees_purged"], report["tasks_purged"]) == (1, 1)
+    assert counts(dry) == {**counts(report), "dry_run": True}
+    assert left == {ids[None], ids["other"]}
+
+
 def test_purge_refuses_bad_arguments(db_path: Path, clock: FrozenClock) -> None:
     with opened(db_path, clock) as lg:
         closed_task(lg)

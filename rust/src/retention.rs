@@ -86,7 +86,9 @@ struct Roots {
 /// Reads tasks after `after` in id order until a batch of roots is found
 /// or [`PURGE_SCAN_ROWS`] rows were read. The `CASE` judges each row in
 /// order of cost, so the event and child lookups run only for a root
-/// whose own fields qualify. Ids stored as anything but text, which only
+/// whose own fields qualify; a NULL in them (no tenant, or damage) is
+/// "no", as it was in a `WHERE`: a tenant's purge once took the old tasks
+/// with no tenant too. Ids stored as anything but text, which only
 /// damage makes, are passed over, as every read refuses them.
 fn next_roots(
     tx: &Transaction<'_>,
@@ -96,8 +98,9 @@ fn next_roots(
 ) -> Result<Roots> {
     let mut stmt = tx.prepare_cached(&format!(
         "SELECT r.id, CASE
-             WHEN NOT (r.parent_id IS NULL AND (?3 IS NULL OR r.tenant = ?3) AND {FULLY_CLOSED}
-                       AND max(r.updated_at, r.delivery_updated_at) <= ?2) THEN 0
+             WHEN NOT coalesce(r.parent_id IS NULL AND (?3 IS NULL OR r.tenant IS ?3)
+                               AND {FULLY_CLOSED}
+                               AND max(r.updated_at, r.delivery_updated_at) <= ?2, 0) THEN 0
              WHEN EXISTS (SELECT 1 FROM task_events e
                           WHERE e.task_id = r.id AND e.occurred_at > ?2) THEN 0
              WHEN EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = r.id) THEN 2
