@@ -1009,36 +1009,34 @@ impl Store {
     }
 }
 
-/// A statement's plan may not depend on the values bound to it. Without
-/// this, SQLite peeks at bound values (a `LIMIT ?`, a `status = ?` next to
-/// a partial index) and then re-prepares the statement after every bind:
-/// about a tenth of the cost of a claim.
 /// Starts `tx`'s read. A read-only connection to a live WAL file reads the
 /// WAL index without the right to repair it, and SQLite answers a read
 /// that meets a writer mid-update with `SQLITE_READONLY_RECOVERY` ("a race
 /// with a writer", in its own words) instead of waiting in the busy
 /// handler: a reader beside a busy fleet failed about one read in a few
 /// thousand ("ledger is read-only"), and doctor called a healthy ledger
-/// unhealthy. Such a start is retried like a lock wait: `timeout` at most,
-/// then `Busy`; Ctrl-C ends it.
+/// unhealthy. Such a start is retried like a lock wait, `timeout` at most
+/// (Ctrl-C ends it); a race that never ends (a damaged `-shm`) is then
+/// refused as before.
 fn begin_snapshot(tx: &Transaction<'_>, timeout: Duration) -> Result<()> {
     let started = Instant::now();
     let mut signals = busy::LoopSignals::starting_now();
-    for attempt in 0u32.. {
-        match tx.query_row("PRAGMA schema_version", [], |_| Ok(())) {
+    let mut start = tx.prepare_cached("PRAGMA schema_version")?;
+    let mut attempts = 0u32;
+    loop {
+        match start.query_row([], |_| Ok(())) {
             Ok(()) => return Ok(()),
-            Err(e) if !is_read_race(&e) => return Err(e.into()),
-            Err(_) if started.elapsed() >= timeout => return Err(Error::Busy),
+            Err(e) if !is_read_race(&e) || started.elapsed() >= timeout => return Err(e.into()),
             Err(_) => {}
         }
         signals.check()?;
-        if attempt < 20 {
+        if attempts < 20 {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(100));
         }
+        attempts = attempts.saturating_add(1);
     }
-    Err(Error::Busy)
 }
 
 /// SQLite's answers to a read-only reader that met a writer updating the
@@ -1049,6 +1047,10 @@ fn is_read_race(err: &rusqlite::Error) -> bool {
             || e.extended_code == rusqlite::ffi::SQLITE_READONLY_CANTINIT)
 }
 
+/// A statement's plan may not depend on the values bound to it. Without
+/// this, SQLite peeks at bound values (a `LIMIT ?`, a `status = ?` next to
+/// a partial index) and then re-prepares the statement after every bind:
+/// about a tenth of the cost of a claim.
 fn pin_query_plans(conn: &Connection) -> Result<()> {
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     Ok(())
