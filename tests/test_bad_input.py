@@ -909,7 +909,8 @@ def test_a_refused_number_names_its_argument_not_its_value(
 
 
 def test_a_reconcile_policy_names_its_refused_field() -> None:
-    with pytest.raises(InvalidInput, match=r"^delivery_grace_seconds must not be negative$"):
+    refusal = r"^delivery_grace_seconds must be a finite nonnegative number$"
+    with pytest.raises(InvalidInput, match=refusal):
         ReconcilePolicy(delivery_grace_seconds=-1)
 
 

@@ -80,7 +80,7 @@ SECRET = "SECRET-7f3a"
 # (argv after --db, the reason a person reading --format text is given)
 REFUSAL_REASONS: list[tuple[list[str], str]] = [
     (["get"], "the following arguments are required: task_id"),
-    (["get", SECRET], "task id must be a UUID"),
+    (["get", SECRET], "task id must be a valid UUID"),
     ([SECRET], "argument COMMAND: invalid choice"),
     (["create", "--llm-calls-budget", SECRET], "argument --llm-calls-budget: invalid value"),
     (

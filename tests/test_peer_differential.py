@@ -1475,3 +1475,77 @@ def test_cli_main_with_a_non_text_argument_answers_like_the_peer(
         except Exception as exc:
             got[name] = ("raised", type(exc).__name__)
     assert got[OURS] == got[PEER]
+
+
+# -- the refusals' words ------------------------------------------------------------
+
+# Each refusal the peer documents as fixed text, made the same way on both
+# ledgers (``ids``: a queued, a running and a closed task; ``clock``: the
+# ledger's clock, in seconds).
+REFUSALS: dict[str, Any] = {
+    "unknown task": lambda lg, ids, clock: lg.get_task(UNKNOWN),
+    "unknown parent": lambda lg, ids, clock: lg.create_task(parent_id=UNKNOWN),
+    "id that is no UUID": lambda lg, ids, clock: lg.get_task("not-a-uuid"),
+    "id that is no text": lambda lg, ids, clock: lg.get_task(12),
+    "another terminal status": lambda lg, ids, clock: lg.close_task(ids["closed"], "failed"),
+    "starting a closed task": lambda lg, ids, clock: lg.start_task(ids["closed"]),
+    "heartbeat of a queued task": lambda lg, ids, clock: lg.heartbeat(ids["queued"]),
+    "unknown status": lambda lg, ids, clock: lg.close_task(ids["running"], "done"),
+    "code of the wrong shape": lambda lg, ids, clock: lg.close_task(
+        ids["running"], "failed", code="Bad Code"
+    ),
+    "code outside the registry": lambda lg, ids, clock: lg.close_task(
+        ids["running"], "failed", code="no_such_code"
+    ),
+    "code of another status": lambda lg, ids, clock: lg.close_task(
+        ids["running"], "failed", code="worker_completed"
+    ),
+    "code of another delivery": lambda lg, ids, clock: lg.set_delivery(
+        ids["closed"], "failed", code="transport_acknowledged"
+    ),
+    "delivery of an open task": lambda lg, ids, clock: lg.set_delivery(
+        ids["running"], "delivered", code="transport_acknowledged"
+    ),
+    "negative timeout": lambda lg, ids, clock: lg.create_task(timeout_seconds=-1),
+    "infinite timeout": lambda lg, ids, clock: lg.create_task(timeout_seconds=math.inf),
+    "payload hash of the wrong shape": lambda lg, ids, clock: lg.create_task(payload_hash="AB"),
+    "negative grace": lambda lg, ids, clock: lg.reconcile(
+        active_grace_seconds=-1, delivery_grace_seconds=1
+    ),
+    "grace that is no number": lambda lg, ids, clock: lg.reconcile(
+        active_grace_seconds="soon", delivery_grace_seconds=1
+    ),
+    "clock behind a stored change": lambda lg, ids, clock: (
+        setattr(clock, "glitch", START - 3600),
+        lg.heartbeat(ids["running"]),
+    ),
+    "negative busy timeout": lambda lg, ids, clock: type(lg)(
+        ids["home"] / "other.db", busy_timeout_ms=-1
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_refusal_is_worded_as_the_peer_words_it(base: Path, case: str) -> None:
+    """The peer's refusals are fixed strings that callers match on (its own
+    tests do): each reaches a taskwarden caller in the same class and the
+    same words."""
+    said = {}
+    for side, lib in LIBS.items():
+        home = base / f"words-{side}-{len(said)}-{abs(hash(case))}"
+        home.mkdir(mode=0o700)
+        clock = Clock()
+        lg = lib.Ledger(home / "ledger.db", clock=clock)  # the peer's has no close()
+        ids: dict[str, Any] = {n: lg.create_task().id for n in ("queued", "running", "closed")}
+        ids["home"] = home
+        for name in ("running", "closed"):
+            lg.start_task(ids[name])
+        lg.close_task(ids["closed"], "succeeded")
+        clock.now += 60
+        with pytest.raises(lib.LedgerError) as refused:
+            REFUSALS[case](lg, ids, clock)
+        clock.glitch = Clock._NONE
+        if side == OURS:
+            lg.close()
+        said[side] = (type(refused.value).__name__, str(refused.value))
+    assert said[OURS] == said[PEER]

@@ -18,8 +18,10 @@ use crate::validate;
 
 /// A required task id in any form the peer accepts, canonicalised.
 pub fn task_id(obj: &Bound<'_, PyAny>) -> Result<String> {
-    const BAD: &str = "task id must be a UUID";
-    validate::canonical_uuid(&text(obj, BAD)?).or_else(|_| {
+    // The peer's words: a value that is no text, and text that is no UUID.
+    const NOT_TEXT: &str = "task id must be a UUID string";
+    const BAD: &str = "task id must be a valid UUID";
+    validate::canonical_uuid(&text(obj, NOT_TEXT)?).or_else(|_| {
         // The rarer spellings the peer accepts (surrounding whitespace, a
         // sign, `0x`, `_` between digits, non-ASCII digits, many braces)
         // are whatever Python's `uuid.UUID` parses: the peer's own parser.
@@ -80,7 +82,7 @@ pub fn opt_name(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>> {
 
 /// An optional payload fingerprint.
 pub fn opt_payload_hash(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>> {
-    let hash = opt_text(obj, "payload hash must be 64 lowercase hex characters")?;
+    let hash = opt_text(obj, "payload_hash must be a lowercase SHA-256 hex digest")?;
     if let Some(h) = &hash {
         validate::payload_hash(h)?;
     }
@@ -136,9 +138,9 @@ fn float_of(obj: &Bound<'_, PyAny>, bad: Error) -> Result<f64> {
 /// argument (`name`), never its value.
 pub fn seconds(obj: &Bound<'_, PyAny>, name: &'static str) -> Result<f64> {
     if obj.is_instance_of::<PyBool>() {
-        return Err(Error::InvalidArgument(name, "must not be a bool"));
+        return Err(Error::InvalidArgument(name, validate::NOT_SECONDS));
     }
-    let as_float = float_of(obj, Error::InvalidArgument(name, "is not a number"))?;
+    let as_float = float_of(obj, Error::InvalidArgument(name, validate::NOT_SECONDS))?;
     validate::non_negative_seconds(as_float, name)
 }
 
@@ -286,7 +288,7 @@ pub fn page_size(obj: &Bound<'_, PyAny>) -> Result<i64> {
 
 /// An optional reason code that must at least have the registry's shape.
 pub fn opt_code(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>> {
-    let code = opt_text(obj, "reason code has an invalid format")?;
+    let code = opt_text(obj, validate::BAD_CODE_FORMAT)?;
     if let Some(c) = &code {
         validate::code_format(c)?;
     }

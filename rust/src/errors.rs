@@ -51,7 +51,7 @@ impl fmt::Display for Error {
             Error::Invalid(msg) | Error::Conflict(msg) | Error::Internal(msg) => f.write_str(msg),
             Error::InvalidArgument(name, rule) => write!(f, "{name} {rule}"),
             Error::Storage(msg) => write!(f, "storage failure: {msg}"),
-            Error::NotFound => f.write_str("task not found"),
+            Error::NotFound => f.write_str("task does not exist"),
             Error::Busy => f.write_str("ledger is busy: write lock not acquired in time"),
             Error::Full => f.write_str("storage is full: nothing was written"),
             Error::Corrupt => f.write_str(CORRUPT_TEXT),

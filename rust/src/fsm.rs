@@ -237,14 +237,22 @@ pub fn delivery_codes(to: DeliveryStatus) -> &'static [&'static str] {
     }
 }
 
-/// Checks a caller's code in the peer's order: format, registry, target.
-pub fn check_code(code: &str, allowed: &[&str]) -> Result<()> {
+/// A registered code that a task status does not take, in the peer's words.
+pub const NOT_FOR_TASK_STATUS: &str = "code is not valid for the requested task status";
+/// A registered code that a delivery status does not take.
+pub const NOT_FOR_DELIVERY_STATUS: &str = "code is not valid for the requested delivery status";
+
+/// Checks a caller's code in the peer's order: format, registry, target
+/// (`allowed`; outside it, the refusal says `not_allowed`).
+pub fn check_code(code: &str, allowed: &[&str], not_allowed: &'static str) -> Result<()> {
     crate::validate::code_format(code)?;
     if !REASON_CODES.contains(&code) {
-        return Err(Error::Invalid("reason code is not registered"));
+        return Err(Error::Invalid(
+            "code is not in the public reason-code registry",
+        ));
     }
     if !allowed.contains(&code) {
-        return Err(Error::Invalid("reason code is not allowed for this status"));
+        return Err(Error::Invalid(not_allowed));
     }
     Ok(())
 }
@@ -294,15 +302,22 @@ mod tests {
 
     #[test]
     fn codes_are_checked_in_order() {
-        assert!(matches!(check_code("Bad", &[]), Err(Error::Invalid(m)) if m.contains("format")));
         assert!(
-            matches!(check_code("nope", &[]), Err(Error::Invalid(m)) if m.contains("registered"))
+            matches!(check_code("Bad", &[], NOT_FOR_TASK_STATUS), Err(Error::Invalid(m)) if m.contains("1-64"))
+        );
+        assert!(
+            matches!(check_code("nope", &[], NOT_FOR_TASK_STATUS), Err(Error::Invalid(m)) if m.contains("registry"))
         );
         assert!(matches!(
-            check_code("created", caller_codes(TaskStatus::Succeeded)),
-            Err(Error::Invalid(m)) if m.contains("allowed")
+            check_code("created", caller_codes(TaskStatus::Succeeded), NOT_FOR_TASK_STATUS),
+            Err(Error::Invalid(m)) if m == NOT_FOR_TASK_STATUS
         ));
-        assert!(check_code("worker_completed", caller_codes(TaskStatus::Succeeded)).is_ok());
+        assert!(check_code(
+            "worker_completed",
+            caller_codes(TaskStatus::Succeeded),
+            NOT_FOR_TASK_STATUS
+        )
+        .is_ok());
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::snapshot;
 use crate::store::{Durability, FileChanges, OpenOptions, Store};
 use crate::task::{Limits, TaskRow};
 use crate::tasks::{self, Clock, Fence, ListQuery, NewTask};
-use crate::{busy, charge, claim, history, objects};
+use crate::{busy, charge, claim, history, objects, validate};
 
 /// One open ledger. Shareable across threads: the connection sits behind a
 /// mutex that is only ever taken with the interpreter detached.
@@ -219,11 +219,13 @@ impl Drop for OwnCall {
 /// only, as the peer takes it (a float such as 5.0 is refused), and at
 /// most what SQLite takes (a C int of milliseconds).
 fn busy_ms(obj: &Bound<'_, PyAny>) -> Result<u32> {
-    if !obj.is_instance_of::<pyo3::types::PyInt>() {
-        return Err(Error::InvalidArgument(
-            "busy_timeout_ms",
-            "must be an integer",
-        ));
+    // The peer's one refusal for a value that is no int, or a negative one.
+    const REFUSED: Error = Error::InvalidArgument("busy_timeout_ms", "must be nonnegative");
+    if !obj.is_instance_of::<pyo3::types::PyInt>() || obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(REFUSED);
+    }
+    if obj.lt(0).unwrap_or(true) {
+        return Err(REFUSED);
     }
     let value = convert::amount(obj, "busy_timeout_ms")?;
     i32::try_from(value)
@@ -431,7 +433,7 @@ impl LedgerCore {
             return Err(Error::Invalid("close status must be terminal").into());
         }
         // Judged only where it would be written (see `CallerCode`).
-        let code = convert::opt_text(code, "reason code has an invalid format").ok();
+        let code = convert::opt_text(code, validate::BAD_CODE_FORMAT).ok();
         let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {
             tasks::close(
@@ -458,7 +460,7 @@ impl LedgerCore {
         if !to.is_terminal() {
             return Err(Error::Invalid("delivery status must be terminal").into());
         }
-        let code = convert::opt_text(code, "reason code has an invalid format").ok();
+        let code = convert::opt_text(code, validate::BAD_CODE_FORMAT).ok();
         self.write_task(py, |tx, clock| {
             tasks::set_delivery(
                 tx,
@@ -567,7 +569,7 @@ impl LedgerCore {
         let to = named(convert::task_status(to), "to", STATUS_RULE)?;
         // As in close_task, a code for a terminal status is judged only when
         // written, so the same terminal status again ignores it (SPEC 2.2.1).
-        let code = convert::opt_text(code, "reason code has an invalid format")?;
+        let code = convert::opt_text(code, validate::BAD_CODE_FORMAT)?;
         tasks::check_code_ahead(to, code.as_deref())?;
         let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {

@@ -121,7 +121,7 @@ fn timed_out_count(
     )
 }
 
-const CLOCK_BEHIND: &str = "clock moved backwards relative to stored state";
+const CLOCK_BEHIND: &str = "clock moved backwards across a persisted transition";
 
 /// The peer fails the whole reconcile if a task it would time out carries a
 /// timestamp later than `now`: the clock is not trusted then.

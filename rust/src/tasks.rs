@@ -106,7 +106,7 @@ pub fn children(tx: &Transaction<'_>, id: &str) -> Result<Vec<TaskRow>> {
 fn not_before(now: f64, task: &TaskRow) -> Result<()> {
     if now < task.latest_timestamp() {
         return Err(Error::Conflict(
-            "clock moved backwards relative to stored state",
+            "clock moved backwards across a persisted transition",
         ));
     }
     Ok(())
@@ -421,6 +421,7 @@ pub fn start(tx: &Transaction<'_>, id: &str, clock: Clock<'_>) -> Result<TaskRow
             None,
             clock()?,
         ),
+        status if status.is_terminal() => Err(Error::Conflict("terminal tasks cannot be started")),
         _ => Err(Error::Conflict(
             "task cannot be started from its current status",
         )),
@@ -436,7 +437,7 @@ pub fn heartbeat(
 ) -> Result<TaskRow> {
     let task = get(tx, id)?;
     if task.status != TaskStatus::Running {
-        return Err(Error::Conflict("only a running task can heartbeat"));
+        return Err(Error::Conflict("only running tasks accept heartbeats"));
     }
     fence.check(&task)?;
     let now = clock()?;
@@ -471,7 +472,7 @@ impl<'a> CallerCode<'a> {
     fn judged(self) -> Result<Option<&'a str>> {
         match self {
             CallerCode::Given(code) => Ok(code),
-            CallerCode::NotText => Err(Error::Invalid("reason code has an invalid format")),
+            CallerCode::NotText => Err(Error::Invalid(crate::validate::BAD_CODE_FORMAT)),
         }
     }
 }
@@ -499,12 +500,12 @@ pub fn close(
     }
     if task.status.is_terminal() {
         return Err(Error::Conflict(
-            "task already has a different terminal status",
+            "task already has a different terminal state",
         ));
     }
     let code = code.judged()?;
     if let Some(code) = code {
-        fsm::check_code(code, fsm::caller_codes(to))?;
+        fsm::check_code(code, fsm::caller_codes(to), fsm::NOT_FOR_TASK_STATUS)?;
     }
     fence.check(&task)?;
     if !fsm::can_transition(task.status, to) {
@@ -530,7 +531,7 @@ pub fn set_delivery(
     let task = get(tx, id)?;
     if !task.status.is_terminal() {
         return Err(Error::Conflict(
-            "delivery can only close after the task is terminal",
+            "delivery cannot close before the task is terminal",
         ));
     }
     if task.delivery_status == to {
@@ -538,7 +539,7 @@ pub fn set_delivery(
     }
     if task.delivery_status.is_terminal() {
         return Err(Error::Conflict(
-            "delivery already has a different terminal status",
+            "delivery already has a different terminal state",
         ));
     }
     let allowed = if task.delivery_required {
@@ -553,7 +554,7 @@ pub fn set_delivery(
     }
     let code = code.judged()?;
     if let Some(code) = code {
-        fsm::check_code(code, fsm::delivery_codes(to))?;
+        fsm::check_code(code, fsm::delivery_codes(to), fsm::NOT_FOR_DELIVERY_STATUS)?;
     }
     let now = clock()?;
     deliver(tx, &task, to, code, now)
@@ -611,7 +612,7 @@ fn code_for_move(
     match code {
         None => Ok(default.map(str::to_owned)),
         Some(c) => {
-            fsm::check_code(c, fsm::caller_codes(to))?;
+            fsm::check_code(c, fsm::caller_codes(to), fsm::NOT_FOR_TASK_STATUS)?;
             Ok(Some(c.to_owned()))
         }
     }
@@ -624,7 +625,9 @@ fn code_for_move(
 /// task. Codes for terminal statuses are judged when written.
 pub fn check_code_ahead(to: TaskStatus, code: Option<&str>) -> Result<()> {
     match code {
-        Some(c) if !to.is_terminal() => fsm::check_code(c, fsm::caller_codes(to)),
+        Some(c) if !to.is_terminal() => {
+            fsm::check_code(c, fsm::caller_codes(to), fsm::NOT_FOR_TASK_STATUS)
+        }
         _ => Ok(()),
     }
 }

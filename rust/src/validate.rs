@@ -12,7 +12,7 @@ pub const NAME_MAX_LEN: usize = 128;
 /// braces, a `urn:uuid:` prefix and hyphens anywhere are tolerated; the
 /// result is always lowercase 8-4-4-4-12.
 pub fn canonical_uuid(raw: &str) -> Result<String> {
-    const BAD: Error = Error::Invalid("task id must be a UUID");
+    const BAD: Error = Error::Invalid("task id must be a valid UUID");
     // The spelling every id the ledger hands out already has: no copies
     // through the lenient path below (it made five per call with an id).
     if is_canonical_uuid(raw) {
@@ -58,7 +58,7 @@ pub fn payload_hash(raw: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Invalid(
-            "payload hash must be 64 lowercase hex characters",
+            "payload_hash must be a lowercase SHA-256 hex digest",
         ))
     }
 }
@@ -72,6 +72,9 @@ pub fn is_sha256_hex(raw: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// A reason code of the wrong shape, in the peer's words.
+pub const BAD_CODE_FORMAT: &str = "code must be 1-64 lowercase machine-readable characters";
+
 /// The shape every reason code must have before the registry is consulted.
 pub fn code_format(raw: &str) -> Result<()> {
     let bytes = raw.as_bytes();
@@ -84,7 +87,7 @@ pub fn code_format(raw: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Invalid("reason code has an invalid format"))
+        Err(Error::Invalid(BAD_CODE_FORMAT))
     }
 }
 
@@ -104,15 +107,17 @@ pub fn name(raw: &str) -> Result<()> {
     }
 }
 
+/// Why a number of seconds is refused, after the argument's name: one rule,
+/// in the peer's words.
+pub const NOT_SECONDS: &str = "must be a finite nonnegative number";
+
 /// A finite, non-negative number of seconds; a refusal names the argument.
 pub fn non_negative_seconds(value: f64, name: &'static str) -> Result<f64> {
-    if !value.is_finite() {
-        return Err(Error::InvalidArgument(name, "must be finite"));
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(Error::InvalidArgument(name, NOT_SECONDS))
     }
-    if value < 0.0 {
-        return Err(Error::InvalidArgument(name, "must not be negative"));
-    }
-    Ok(value)
 }
 
 /// A non-negative integer amount or limit.
