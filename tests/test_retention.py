@@ -14,6 +14,8 @@ import contextlib
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -639,6 +641,60 @@ def test_purge_reads_a_bounded_window_of_rows_per_batch(db_path: Path, clock: Fr
     assert report["batches"] == windows + 1
     assert counts(dry) == {**counts(report), "dry_run": True}
     assert purgeable.isdisjoint(task_ids(logical_dump(db_path)))
+
+
+SWAPPING_WRITER = """
+import sys, time
+from taskwarden import Ledger
+with Ledger(sys.argv[1], clock=lambda: float(sys.argv[2])) as lg:
+    closed = [t.id for t in lg.list_tasks(status="succeeded", limit=1000)]
+    old, pending = closed[:256], closed[256:]
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for gone, delivered in zip(old, pending):
+        lg.delete_task(gone)  # 256 purgeable trees, then 255
+        lg.set_delivery(delivered, "delivered", code="transport_acknowledged")  # 256 again
+        time.sleep(0.005)
+"""
+
+
+def test_a_dry_run_beside_a_writer_counts_one_snapshot(db_path: Path, clock: FrozenClock) -> None:
+    """A writer deletes one purgeable tree, then makes another purgeable,
+    over and over: the ledger always holds 256 or 255 of them. A read-only
+    dry run beside it counts one snapshot, however many batches it reads
+    (the 256 oldest roots, then 10,000 open tasks, then the newest roots).
+    Counted in one read transaction per batch, it answered 257: a count the
+    ledger never held."""
+    with opened(db_path, clock) as lg:
+        for _ in range(256):
+            closed_task(lg)
+        for _ in range(10_000):
+            lg.create_task()
+        for _ in range(60):
+            task = lg.create_task().id
+            lg.start_task(task)
+            lg.close_task(task, "succeeded")
+    clock.advance(3600)
+    seen: set[int] = set()
+    with subprocess.Popen(
+        [sys.executable, "-c", SWAPPING_WRITER, str(db_path), repr(clock.now)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as writer:
+        assert writer.stdin is not None and writer.stdout is not None
+        assert writer.stdout.readline().strip() == "ready"
+        # An hour after the writer's changes: they are old enough too.
+        later = clock.now + 3600
+        with Ledger(db_path, read_only=True, clock=lambda: later) as reader:
+            assert reader.storage_info()["journal_mode"] == "wal"
+            writer.stdin.write("go\n")
+            writer.stdin.flush()
+            while writer.poll() is None:
+                seen.add(reader.purge(older_than_seconds=60, dry_run=True)["trees_purged"])
+        assert writer.wait(timeout=60) == 0, writer.stderr.read() if writer.stderr else ""
+    assert len(seen) > 0 and seen <= {255, 256}, seen
 
 
 PURGE_IN_A_CHILD = """

@@ -175,10 +175,12 @@ pub struct PurgeScope {
     pub dry_run: bool,
 }
 
-/// Purges (or counts) every tree in `scope`, a batch per transaction (a
-/// write one unless dry), so other writers never wait long. `between` runs
-/// after each batch; its error stops the purge there, and the batches
-/// already committed stay purged.
+/// Purges every tree in `scope`, a batch per write transaction, so other
+/// writers never wait long; a dry run counts them in one read transaction
+/// (one snapshot: counted batch by batch beside a writer, a preview
+/// reported a count the ledger never held). `between` runs after each
+/// batch; its error stops the purge there, and the batches already
+/// committed stay purged.
 pub fn purge(
     store: &mut Store,
     scope: &PurgeScope,
@@ -188,16 +190,21 @@ pub fn purge(
         dry_run: scope.dry_run,
         ..PurgeReport::default()
     };
+    if scope.dry_run {
+        return store.read(|tx| {
+            let mut after = String::new();
+            while let Some(last) = timed(&mut report, |r| purge_batch(tx, &after, scope, r))? {
+                after = last;
+                between()?;
+            }
+            Ok(report)
+        });
+    }
     let mut after = String::new();
     loop {
         let batch =
             |tx: &Transaction<'_>| timed(&mut report, |r| purge_batch(tx, &after, scope, r));
-        let next = if scope.dry_run {
-            store.read(batch)?
-        } else {
-            store.write(batch)?
-        };
-        match next {
+        match store.write(batch)? {
             Some(last) => after = last,
             None => return Ok(report),
         }
