@@ -215,6 +215,21 @@ def test_lock_timeout_is_ledger_busy_and_writes_nothing(db_path: Path) -> None:
     assert task_count(db_path) == 2
 
 
+def _finish_while_locked(
+    db_path: Path, script: str, *, hold_seconds: float = 15.0
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``script`` (argv[1]: the ledger) to its end in a fresh
+    interpreter while another process holds the lock (``hold_seconds`` at
+    most); how it ended."""
+    with write_lock_held(db_path, hold_seconds):
+        return subprocess.run(
+            [sys.executable, "-c", script, str(db_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+
 def _run_while_locked(db_path: Path, script: str, *, exclusive: bool = False) -> str:
     """Runs ``script`` (argv[1]: the ledger) in a fresh interpreter while
     another process holds the lock; its standard output."""
@@ -350,13 +365,7 @@ def test_a_signal_handler_that_joins_the_handles_threads_ends(db_path: Path) -> 
     handle. Their wait for the handle is bounded like a lock wait, so they
     give up with LedgerBusy and the join returns: no hang."""
     Ledger(db_path).close()
-    with write_lock_held(db_path):
-        done = subprocess.run(
-            [sys.executable, "-c", HANDLER_JOINING_WORKERS, str(db_path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+    done = _finish_while_locked(db_path, HANDLER_JOINING_WORKERS)
     assert done.returncode == 7, done.stderr
 
 
@@ -412,13 +421,7 @@ def test_a_signal_handler_closing_a_ledger_its_thread_waits_for_is_refused(
     StateConflict at once. It used to queue behind its own thread's place
     in the line, and close() waits without a bound: the process hung."""
     Ledger(db_path).close()
-    with write_lock_held(db_path):
-        done = subprocess.run(
-            [sys.executable, "-c", HANDLER_CLOSING_WHILE_QUEUED, str(db_path)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+    done = _finish_while_locked(db_path, HANDLER_CLOSING_WHILE_QUEUED)
     assert done.returncode == 5, done.stderr
 
 
@@ -461,13 +464,7 @@ def test_a_handler_run_while_its_thread_waits_in_line_holds_nobody_back(
     is free the workers' calls go through and they stop cleanly. Its place
     at the front used to hold them back until LedgerBusy."""
     Ledger(db_path).close()
-    with write_lock_held(db_path, hold_seconds=1.0):
-        done = subprocess.run(
-            [sys.executable, "-c", HANDLER_JOINING_WHILE_QUEUED, str(db_path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+    done = _finish_while_locked(db_path, HANDLER_JOINING_WHILE_QUEUED, hold_seconds=1.0)
     assert done.returncode == 7, done.stderr
 
 
