@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -436,6 +437,26 @@ def test_loose_sidecar_modes_are_refused_not_tightened(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------
 # Writers coming and going while read-only handles open.
 
+
+@contextlib.contextmanager
+def writer_beside(script: str, path: Path, stop: Path) -> Iterator[list[int]]:
+    """Runs ``script`` (argv: the ledger, a stop file) in another process
+    from its "ready" until the block ends; the count it prints when it
+    stops is appended to the list the block gets."""
+    done: list[int] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(path), str(stop)], stdout=subprocess.PIPE, text=True
+    ) as writer:
+        assert writer.stdout is not None
+        try:
+            assert writer.stdout.readline().strip() == "ready"
+            yield done
+        finally:
+            stop.touch()
+            done.append(int(writer.stdout.read().strip() or 0))
+            assert writer.wait(timeout=60) == 0
+
+
 CHURN = """
 import os, random, sys, time
 from taskwarden import Ledger
@@ -457,36 +478,27 @@ def test_read_only_opens_while_a_writer_comes_and_goes(tmp_path: Path) -> None:
     path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
     stop = tmp_path / "stop"
     outcomes = {"ok": 0, "conflict": 0, "wal": 0, "memory": 0}
-    with subprocess.Popen(
-        [sys.executable, "-c", CHURN, str(path), str(stop)], stdout=subprocess.PIPE, text=True
-    ) as writer:
-        assert writer.stdout is not None
-        try:
-            assert writer.stdout.readline().strip() == "ready"
-            deadline = time.monotonic() + 3.0
-            while time.monotonic() < deadline:
-                try:
-                    with Ledger(path, read_only=True) as reader:
-                        mode = reader.storage_info()["journal_mode"]
-                        assert reader.get_task(ids["q_old"]).status == "queued"
-                        assert reader.get_task(ids["delivered"]).version == 3
-                        report = reader.reconcile(
-                            active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
-                        )
-                        counts(report)
-                        # The writer has at most one task of its own active at a time.
-                        assert report["active_examined"] in (6, 7)
-                except StateConflict:
-                    outcomes["conflict"] += 1
-                else:
-                    outcomes["ok"] += 1
-                    outcomes[mode] += 1
-                time.sleep(0.002)  # let the writer close while no reader is connected
-        finally:
-            stop.touch()
-            rounds = int(writer.stdout.read().strip() or 0)
-            assert writer.wait(timeout=60) == 0
-    assert rounds > 0, "the writer never ran"
+    with writer_beside(CHURN, path, stop) as rounds:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            try:
+                with Ledger(path, read_only=True) as reader:
+                    mode = reader.storage_info()["journal_mode"]
+                    assert reader.get_task(ids["q_old"]).status == "queued"
+                    assert reader.get_task(ids["delivered"]).version == 3
+                    report = reader.reconcile(
+                        active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+                    )
+                    counts(report)
+                    # The writer has at most one task of its own active at a time.
+                    assert report["active_examined"] in (6, 7)
+            except StateConflict:
+                outcomes["conflict"] += 1
+            else:
+                outcomes["ok"] += 1
+                outcomes[mode] += 1
+            time.sleep(0.002)  # let the writer close while no reader is connected
+    assert rounds[0] > 0, "the writer never ran"
     assert outcomes["ok"] > 0, outcomes
     assert outcomes["ok"] + outcomes["conflict"] > 20, outcomes
     with Ledger(path) as ledger:
@@ -520,28 +532,19 @@ def test_read_only_reads_beside_a_busy_writer_never_fail(tmp_path: Path) -> None
     path, ids = build_file(private_dir(tmp_path, "subject"), "taskwarden")
     stop = tmp_path / "stop"
     calls = 0
-    with subprocess.Popen(
-        [sys.executable, "-c", HEARTBEATS, str(path), str(stop)], stdout=subprocess.PIPE, text=True
-    ) as writer:
-        assert writer.stdout is not None
-        try:
-            assert writer.stdout.readline().strip() == "ready"
-            deadline = time.monotonic() + 4.0
-            while time.monotonic() < deadline:
-                with Ledger(path, read_only=True) as reader:
-                    assert reader.storage_info()["journal_mode"] == "wal"
-                    for _ in range(50):
-                        assert reader.get_task(ids["q_old"]).status == "queued"
-                        reader.reconcile(
-                            active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
-                        )
-                        calls += 2
-                    assert reader.doctor()["healthy"] is True
-        finally:
-            stop.touch()
-            beats = int(writer.stdout.read().strip() or 0)
-            assert writer.wait(timeout=60) == 0
-    assert beats > 1000 and calls > 1000, (beats, calls)
+    with writer_beside(HEARTBEATS, path, stop) as beats:
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:
+            with Ledger(path, read_only=True) as reader:
+                assert reader.storage_info()["journal_mode"] == "wal"
+                for _ in range(50):
+                    assert reader.get_task(ids["q_old"]).status == "queued"
+                    reader.reconcile(
+                        active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
+                    )
+                    calls += 2
+                assert reader.doctor()["healthy"] is True
+    assert beats[0] > 1000 and calls > 1000, (beats, calls)
 
 
 # ---------------------------------------------------------------------------
