@@ -683,6 +683,28 @@ def test_a_conversion_interrupted_passes_the_interrupt_through(
     assert logical_dump(db_path) == before
 
 
+class _IntComparisonRaises(int):
+    """A busy timeout whose own comparison raises ``exc``."""
+
+    exc: BaseException = KeyboardInterrupt()
+
+    def __lt__(self, other: object) -> bool:
+        raise self.exc
+
+
+@pytest.mark.parametrize("raised", INTERRUPTS, ids=[r.__name__ for r in INTERRUPTS])
+def test_a_busy_timeout_whose_comparison_is_interrupted_passes_it_through(
+    db_path: Path, raised: type[BaseException]
+) -> None:
+    """As in the peer, which compares the value with 0 itself; nothing is
+    made. A raising comparison was taken for bad input."""
+    value = _IntComparisonRaises(5)
+    value.exc = raised(MARKER)
+    with pytest.raises(raised, match=MARKER):
+        Ledger(db_path, busy_timeout_ms=value)
+    assert not db_path.exists()
+
+
 class _InterruptedSpelling(str):
     """A task id in a rarer spelling the peer accepts (a leading sign),
     whose parsing by ``uuid.UUID`` is interrupted."""

@@ -116,7 +116,7 @@ pub fn clock_failed(py: Python<'_>, err: PyErr) -> Error {
 /// error is the value's fault: bad input (`bad`). What is no error at all
 /// (Ctrl-C, `SystemExit`) reaches the caller as it was raised: a retry
 /// loop catching `InvalidInput` must never swallow an interrupt.
-fn conversion_failed(py: Python<'_>, err: PyErr, bad: Error) -> Error {
+pub fn conversion_failed(py: Python<'_>, err: PyErr, bad: Error) -> Error {
     if err.is_instance_of::<PyException>(py) {
         bad
     } else {

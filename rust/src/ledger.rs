@@ -224,7 +224,12 @@ fn busy_ms(obj: &Bound<'_, PyAny>) -> Result<u32> {
     if !obj.is_instance_of::<pyo3::types::PyInt>() || obj.is_instance_of::<pyo3::types::PyBool>() {
         return Err(REFUSED);
     }
-    if obj.lt(0).unwrap_or(true) {
+    // An int subclass's own comparison may raise: judged as any conversion
+    // (Ctrl-C passes through).
+    let negative = obj
+        .lt(0)
+        .map_err(|e| convert::conversion_failed(obj.py(), e, REFUSED))?;
+    if negative {
         return Err(REFUSED);
     }
     let value = convert::amount(obj, "busy_timeout_ms")?;

@@ -1015,10 +1015,12 @@ impl Store {
 /// with a writer", in its own words) instead of waiting in the busy
 /// handler: a reader beside a busy fleet failed about one read in a few
 /// thousand ("ledger is read-only"), and doctor called a healthy ledger
-/// unhealthy. Such a start is retried like a lock wait, `timeout` at most
-/// (Ctrl-C ends it); a race that never ends (a damaged `-shm`) is then
-/// refused as before.
+/// unhealthy. Such a start is retried like a lock wait, then `Busy`
+/// (Ctrl-C ends it): for `timeout`, but never less than
+/// [`READ_RACE_MIN_RETRY`], as a race is no lock and a reader that must
+/// not wait for locks (`busy_timeout_ms=0`) still reads.
 fn begin_snapshot(tx: &Transaction<'_>, timeout: Duration) -> Result<()> {
+    let timeout = timeout.max(READ_RACE_MIN_RETRY);
     let started = Instant::now();
     let mut signals = busy::LoopSignals::starting_now();
     let mut start = tx.prepare_cached("PRAGMA schema_version")?;
@@ -1026,7 +1028,8 @@ fn begin_snapshot(tx: &Transaction<'_>, timeout: Duration) -> Result<()> {
     loop {
         match start.query_row([], |_| Ok(())) {
             Ok(()) => return Ok(()),
-            Err(e) if !is_read_race(&e) || started.elapsed() >= timeout => return Err(e.into()),
+            Err(e) if !is_read_race(&e) => return Err(e.into()),
+            Err(_) if started.elapsed() >= timeout => return Err(Error::Busy),
             Err(_) => {}
         }
         signals.check()?;
@@ -1038,6 +1041,10 @@ fn begin_snapshot(tx: &Transaction<'_>, timeout: Duration) -> Result<()> {
         attempts = attempts.saturating_add(1);
     }
 }
+
+/// How long a read retries its start against a writer's race at least:
+/// a race lasts microseconds.
+const READ_RACE_MIN_RETRY: Duration = Duration::from_millis(20);
 
 /// SQLite's answers to a read-only reader that met a writer updating the
 /// WAL index: transient, gone on the next try.
