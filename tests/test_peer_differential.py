@@ -1519,6 +1519,26 @@ REFUSALS: dict[str, Any] = {
         setattr(clock, "glitch", START - 3600),
         lg.heartbeat(ids["running"]),
     ),
+    "another immutable field": lambda lg, ids, clock: lg.create_task(
+        task_id=ids["queued"], timeout_seconds=5
+    ),
+    "a delivery that is no outcome": lambda lg, ids, clock: lg.set_delivery(
+        ids["closed"], "pending"
+    ),
+    "not applicable to a delivered kind": lambda lg, ids, clock: lg.set_delivery(
+        ids["closed"], "not_applicable", code="internal_task"
+    ),
+    "delivered for an internal task": lambda lg, ids, clock: lg.set_delivery(
+        ids["internal"], "delivered", code="transport_acknowledged"
+    ),
+    "a memory path": lambda lg, ids, clock: type(lg)(":memory:"),
+    "an empty path": lambda lg, ids, clock: type(lg)(""),
+    "a path that is no path": lambda lg, ids, clock: type(lg)(5),
+    "a path with a NUL": lambda lg, ids, clock: type(lg)(str(ids["home"] / "a\0b.db")),
+    "a file with two names": lambda lg, ids, clock: (
+        os.link(ids["home"] / "ledger.db", ids["home"] / "second.db"),
+        type(lg)(ids["home"] / "ledger.db"),
+    ),
     "negative busy timeout": lambda lg, ids, clock: type(lg)(
         ids["home"] / "other.db", busy_timeout_ms=-1
     ),
@@ -1537,10 +1557,12 @@ def test_a_refusal_is_worded_as_the_peer_words_it(base: Path, case: str) -> None
         clock = Clock()
         lg = lib.Ledger(home / "ledger.db", clock=clock)  # the peer's has no close()
         ids: dict[str, Any] = {n: lg.create_task().id for n in ("queued", "running", "closed")}
+        ids["internal"] = lg.create_task(delivery_required=False).id
         ids["home"] = home
-        for name in ("running", "closed"):
+        for name in ("running", "closed", "internal"):
             lg.start_task(ids[name])
-        lg.close_task(ids["closed"], "succeeded")
+        for name in ("closed", "internal"):
+            lg.close_task(ids[name], "succeeded")
         clock.now += 60
         with pytest.raises(lib.LedgerError) as refused:
             REFUSALS[case](lg, ids, clock)

@@ -177,9 +177,9 @@ class Ledger:
         try:
             raw = os.fspath(path)
         except Exception:
-            raise InvalidInput("database path is invalid") from None
+            raise InvalidInput("database path must be path-like") from None
         if not isinstance(raw, str):
-            raise InvalidInput("database path is invalid")
+            raise InvalidInput("database path must be a nonempty text path")
         if not callable(clock):
             raise InvalidInput("clock must be callable")
         options: dict[str, Any] = {

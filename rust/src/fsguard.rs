@@ -48,8 +48,14 @@ const SQLITE_PATH_MAX: usize = 512;
 /// Makes `raw` absolute, follows links in the existing ancestors (as the
 /// peer does) and keeps the final name literal.
 pub fn resolve(raw: &str) -> Result<DbPath> {
-    if raw.is_empty() || raw.contains('\0') || raw == ":memory:" {
-        return Err(Error::Invalid("database path is invalid"));
+    // The peer's words where the peer refuses the same.
+    if raw.is_empty() || raw.contains('\0') {
+        return Err(Error::Invalid("database path must be a nonempty text path"));
+    }
+    if raw == ":memory:" {
+        return Err(Error::Invalid(
+            "use a file-backed database so connections share state",
+        ));
     }
     let absolute = lexical_absolute(raw)?;
     // The name as written must name a file: `dir/.` would otherwise become
@@ -254,7 +260,7 @@ pub const NO_LEDGER_YET: Error = Error::Invalid("database file holds no ledger y
 /// read-only, requires it) and returns its identity, with a lease on the
 /// process's shared descriptor of it (see `held_files`).
 pub fn prepare_file(path: &DbPath, writable: bool, create: bool) -> Result<(Identity, Lease)> {
-    const NOT_REGULAR: Error = Error::Invalid("database path must be a regular file");
+    const NOT_REGULAR: Error = Error::Invalid("database file must be a single-link regular file");
     let before = match fs::symlink_metadata(&path.file) {
         Ok(meta) if is_single_regular(&meta) => Some(meta),
         Ok(_) => return Err(NOT_REGULAR),

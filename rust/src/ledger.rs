@@ -463,7 +463,7 @@ impl LedgerCore {
         let id = convert::task_id(task_id)?;
         let to = convert::delivery_status(status)?;
         if !to.is_terminal() {
-            return Err(Error::Invalid("delivery status must be terminal").into());
+            return Err(Error::Invalid("delivery close status must be terminal").into());
         }
         let code = convert::opt_text(code, validate::BAD_CODE_FORMAT).ok();
         self.write_task(py, |tx, clock| {

@@ -162,7 +162,7 @@ pub fn create(tx: &Transaction<'_>, new: &NewTask, clock: Clock<'_>) -> Result<T
             Ok(existing)
         } else {
             Err(Error::Conflict(
-                "task exists with different immutable fields",
+                "task id already exists with different immutable fields",
             ))
         };
     }
@@ -526,7 +526,7 @@ pub fn set_delivery(
     clock: Clock<'_>,
 ) -> Result<TaskRow> {
     if !to.is_terminal() {
-        return Err(Error::Invalid("delivery status must be terminal"));
+        return Err(Error::Invalid("delivery close status must be terminal"));
     }
     let task = get(tx, id)?;
     if !task.status.is_terminal() {
@@ -542,14 +542,14 @@ pub fn set_delivery(
             "delivery already has a different terminal state",
         ));
     }
-    let allowed = if task.delivery_required {
-        to != DeliveryStatus::NotApplicable
-    } else {
-        to == DeliveryStatus::NotApplicable
-    };
-    if !allowed {
+    if task.delivery_required && to == DeliveryStatus::NotApplicable {
         return Err(Error::Conflict(
-            "delivery outcome does not fit the task's delivery kind",
+            "delivery-required tasks cannot be not_applicable",
+        ));
+    }
+    if !task.delivery_required && to != DeliveryStatus::NotApplicable {
+        return Err(Error::Conflict(
+            "internal tasks require not_applicable delivery",
         ));
     }
     let code = code.judged()?;
