@@ -499,8 +499,11 @@ def test_read_only_opens_while_a_writer_comes_and_goes(tmp_path: Path) -> None:
                 outcomes[mode] += 1
             time.sleep(0.002)  # let the writer close while no reader is connected
     assert rounds[0] > 0, "the writer never ran"
-    assert outcomes["ok"] > 0, outcomes
-    assert outcomes["ok"] + outcomes["conflict"] > 20, outcomes
+    # A writer met opening or closing is waited out for a moment: about a
+    # fifth of these opens used to be refused (sidecars half removed, the
+    # file changed between the snapshot's reads, gone before the open).
+    assert outcomes["ok"] > 20, outcomes
+    assert outcomes["conflict"] <= outcomes["ok"] // 100, outcomes
     with Ledger(path) as ledger:
         assert ledger.get_task(ids["q_old"]).status == "queued"
 

@@ -24,7 +24,9 @@ use crate::held_files::{self, Lease};
 pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 const CHUNK: usize = 1 << 20;
-const CHANGED: Error = Error::Conflict("database changed during read-only snapshot");
+/// Why a snapshot was refused when a writer changed the file between its reads.
+pub const CHANGED_TEXT: &str = "database changed during read-only snapshot";
+const CHANGED: Error = Error::Conflict(CHANGED_TEXT);
 
 /// Everything about the file that a writer would disturb.
 #[derive(Debug, PartialEq, Eq)]

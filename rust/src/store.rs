@@ -125,10 +125,26 @@ pub struct FileChanges {
     pub migrate: bool,
 }
 
+/// SQLite could not open the file (a read-only open: gone, or its
+/// sidecars changing, at that moment).
+const CONNECTION_FAILED: &str = "database connection failed";
+
 /// A read-only open found a crashed writer's sidecars. Any writable open
 /// (a writing command, `doctor` without `--read-only`) recovers the file.
 const INCOMPLETE_SIDECARS: &str = "SQLite sidecar state is incomplete (a writer stopped \
      halfway): open the ledger writable once to recover it";
+
+/// How long a read-only open tries again after meeting a writer in
+/// passing, at least and at most (see `Store::open_read_only_settled`).
+const SETTLE_MIN: Duration = Duration::from_millis(20);
+const SETTLE_MAX: Duration = Duration::from_millis(250);
+
+/// What a read-only open answers when a writer was opening or closing the
+/// file at that moment.
+fn met_a_writer_in_passing(err: &Error) -> bool {
+    matches!(err, Error::Conflict(why)
+        if [INCOMPLETE_SIDECARS, snapshot::CHANGED_TEXT, CONNECTION_FAILED].contains(why))
+}
 
 /// A writable open told not to migrate met a task-state-guard file.
 const NOT_MIGRATED: Error =
@@ -138,8 +154,7 @@ const NOT_MIGRATED: Error =
 /// created by SQLite: `fsguard` made it).
 fn open_writable(path: &DbPath) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    Connection::open_with_flags(&path.file, flags)
-        .map_err(|_| Error::Conflict("database connection failed"))
+    Connection::open_with_flags(&path.file, flags).map_err(|_| Error::Conflict(CONNECTION_FAILED))
 }
 
 /// Whether SQLite's write lock can be had at once: taken (`BEGIN
@@ -261,7 +276,7 @@ impl Store {
         fsguard::prepare_parent(&path, !opts.read_only && opts.may.create)?;
         fsguard::check_parent_security(&path, opts.euid)?;
         if opts.read_only {
-            return Store::open_read_only(path, opts, interruption);
+            return Store::open_read_only_settled(&path, opts, interruption);
         }
         fsguard::secure_sidecars(&path, true)?;
         let (identity, mut lease) = fsguard::prepare_file(&path, true, opts.may.create)?;
@@ -332,6 +347,37 @@ impl Store {
         Ok(store)
     }
 
+    /// A read-only open that met a writer opening or closing the file (its
+    /// sidecars half made or half removed, the file changed between the
+    /// snapshot's two reads, or gone before the live connection opened)
+    /// tries again for a moment: such a state lasts microseconds, and a
+    /// writer that opens and closes per command (as the CLI's do) failed a
+    /// fifth of the read-only opens beside it. A state that stays (a crashed
+    /// writer's sidecars, a writer appearing again and again) is refused as
+    /// before, once [`SETTLE_MIN`] to [`SETTLE_MAX`] (`busy_timeout_ms`
+    /// within those) has passed.
+    fn open_read_only_settled(
+        path: &DbPath,
+        opts: &OpenOptions,
+        interruption: &busy::Interruption,
+    ) -> Result<Store> {
+        let started = Instant::now();
+        let window =
+            Duration::from_millis(u64::from(opts.busy_timeout_ms)).clamp(SETTLE_MIN, SETTLE_MAX);
+        let mut watch = busy::SignalWatch::from(started);
+        loop {
+            match Store::open_read_only(path.clone(), opts, interruption) {
+                Err(e) if met_a_writer_in_passing(&e) && started.elapsed() < window => {
+                    if watch.signalled(interruption) {
+                        return Err(interruption.explain(Error::Busy));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
     fn open_read_only(
         path: DbPath,
         opts: &OpenOptions,
@@ -362,7 +408,7 @@ impl Store {
                     uri_escape(&path.file.to_string_lossy())
                 );
                 let conn = Connection::open_with_flags(uri, flags)
-                    .map_err(|_| Error::Conflict("database connection failed"))?;
+                    .map_err(|_| Error::Conflict(CONNECTION_FAILED))?;
                 fsguard::verify_identity(&path, identity)?;
                 (conn, "wal")
             }
