@@ -24,6 +24,9 @@ use crate::held_files::{self, Lease};
 pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 const CHUNK: usize = 1 << 20;
+/// Why a snapshot was refused when a writer opened the file as it began
+/// (the peer's words).
+pub const NOT_CLOSED_TEXT: &str = "read-only snapshot requires a closed WAL database";
 /// Why a snapshot was refused when a writer changed the file between its reads.
 pub const CHANGED_TEXT: &str = "database changed during read-only snapshot";
 const CHANGED: Error = Error::Conflict(CHANGED_TEXT);
@@ -161,9 +164,7 @@ struct Pass {
 fn open_checked(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<(Lease, Metadata)> {
     fsguard::verify_identity(path, identity)?;
     if fsguard::sidecar_state(path) != Sidecars::Closed {
-        return Err(Error::Conflict(
-            "read-only snapshot requires a closed WAL database",
-        ));
+        return Err(Error::Conflict(NOT_CLOSED_TEXT));
     }
     let file = held_files::lease(Some((identity.dev, identity.ino)), || {
         File::open(&path.file)

@@ -143,7 +143,13 @@ const SETTLE_MAX: Duration = Duration::from_millis(250);
 /// file at that moment.
 fn met_a_writer_in_passing(err: &Error) -> bool {
     matches!(err, Error::Conflict(why)
-        if [INCOMPLETE_SIDECARS, snapshot::CHANGED_TEXT, CONNECTION_FAILED].contains(why))
+        if [
+            INCOMPLETE_SIDECARS,
+            snapshot::NOT_CLOSED_TEXT,
+            snapshot::CHANGED_TEXT,
+            CONNECTION_FAILED,
+        ]
+        .contains(why))
 }
 
 /// A writable open told not to migrate met a task-state-guard file.
@@ -452,6 +458,7 @@ impl Store {
             Found::Current | Found::FirstLayout => Ok(()),
             Found::Empty => Err(Error::Conflict("read-only database is not initialized")),
             Found::Peer(version) => {
+                let racing_reads = self.read_race_timeout();
                 if let Backing::ReadOnly {
                     journal_mode,
                     peer_version,
@@ -461,7 +468,7 @@ impl Store {
                     *peer_version = Some(version);
                     if *journal_mode == "wal" {
                         *journal_mode = "memory";
-                        let copy = snapshot::copy_of(&mut self.conn, max_bytes)?;
+                        let copy = copy_in_one_snapshot(&mut self.conn, racing_reads, max_bytes)?;
                         events::register_sql_functions(&copy)?;
                         self.conn = copy;
                         // The live connection and its read-only mapping
@@ -1065,7 +1072,7 @@ impl Store {
 /// (Ctrl-C ends it): for `timeout`, but never less than
 /// [`READ_RACE_MIN_RETRY`], as a race is no lock and a reader that must
 /// not wait for locks (`busy_timeout_ms=0`) still reads.
-fn begin_snapshot(tx: &Transaction<'_>, timeout: Duration) -> Result<()> {
+fn begin_snapshot(tx: &Connection, timeout: Duration) -> Result<()> {
     let timeout = timeout.max(READ_RACE_MIN_RETRY);
     let started = Instant::now();
     let mut signals = busy::LoopSignals::starting_now();
@@ -1086,6 +1093,25 @@ fn begin_snapshot(tx: &Transaction<'_>, timeout: Duration) -> Result<()> {
         }
         attempts = attempts.saturating_add(1);
     }
+}
+
+/// A private copy of the database `conn` reads, its size judged and its
+/// pages read in one read snapshot (started as every read is, see
+/// [`begin_snapshot`]): two separate reads could judge one size and copy
+/// another, or meet a writer's race unguarded.
+fn copy_in_one_snapshot(
+    conn: &mut Connection,
+    racing_reads: Option<Duration>,
+    max_bytes: u64,
+) -> Result<Connection> {
+    conn.execute_batch("BEGIN DEFERRED")?;
+    let copied = racing_reads
+        .map_or(Ok(()), |timeout| begin_snapshot(conn, timeout))
+        .and_then(|()| snapshot::copy_of(conn, max_bytes));
+    let ended = conn.execute_batch("ROLLBACK");
+    let copy = copied?;
+    ended?;
+    Ok(copy)
 }
 
 /// How long a read retries its start against a writer's race at least:
