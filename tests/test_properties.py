@@ -505,6 +505,17 @@ class LedgerMachine(RuleBasedStateMachine):
         self.move(m, dst, code, who)
         self.check_task(m, result)
 
+    @rule(
+        i=st.integers(0, N - 1),
+        to=st.sampled_from(["queued", "pending"]),
+        worker=st.sampled_from([None, OWNER, OWNER, "w2"]),
+    )
+    def give_back_by_transition(self, i: int, to: str, worker: Any) -> None:
+        """The release edge taken through ``transition`` (its attempts rule
+        included), often enough to matter: drawn at random among all the
+        statuses, a run seldom took it with the attempts used up."""
+        self.transition(i, "running", to, worker, prefer_stored=False)
+
     # -- invariants ------------------------------------------------------------------
 
     @invariant()
