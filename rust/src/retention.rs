@@ -18,12 +18,23 @@ use crate::validate;
 const FULLY_CLOSED: &str = "status IN ('succeeded','failed','timed_out','cancelled') \
     AND delivery_status <> 'pending'";
 
-/// Task `t` last changed at or before the cutoff (`?2`). A grant changes a
-/// closed task without moving its row times, so its events count too.
+/// Task `t`'s row times are at or before the cutoff (`?2`).
+fn row_unchanged_since_cutoff(t: &str) -> String {
+    format!("max({t}.updated_at, {t}.delivery_updated_at) <= ?2")
+}
+
+/// Task `t` has an event after the cutoff: a grant changes a closed task
+/// without moving its row times, so its events count too.
+fn event_since_cutoff(t: &str) -> String {
+    format!("EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = {t}.id AND e.occurred_at > ?2)")
+}
+
+/// Task `t` last changed at or before the cutoff: its row and its events.
 fn unchanged_since_cutoff(t: &str) -> String {
     format!(
-        "max({t}.updated_at, {t}.delivery_updated_at) <= ?2
-         AND NOT EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = {t}.id AND e.occurred_at > ?2)"
+        "{} AND NOT {}",
+        row_unchanged_since_cutoff(t),
+        event_since_cutoff(t)
     )
 }
 
@@ -99,13 +110,13 @@ fn next_roots(
     let mut stmt = tx.prepare_cached(&format!(
         "SELECT r.id, CASE
              WHEN NOT coalesce(r.parent_id IS NULL AND (?3 IS NULL OR r.tenant IS ?3)
-                               AND {FULLY_CLOSED}
-                               AND max(r.updated_at, r.delivery_updated_at) <= ?2, 0) THEN 0
-             WHEN EXISTS (SELECT 1 FROM task_events e
-                          WHERE e.task_id = r.id AND e.occurred_at > ?2) THEN 0
+                               AND {FULLY_CLOSED} AND {}, 0) THEN 0
+             WHEN {} THEN 0
              WHEN EXISTS (SELECT 1 FROM tasks c WHERE c.parent_id = r.id) THEN 2
              ELSE 1 END
-         FROM tasks r WHERE r.id > ?1 AND typeof(r.id) = 'text' ORDER BY r.id"
+         FROM tasks r WHERE r.id > ?1 AND typeof(r.id) = 'text' ORDER BY r.id",
+        row_unchanged_since_cutoff("r"),
+        event_since_cutoff("r")
     ))?;
     let mut rows = stmt.query(params![after, cutoff, tenant])?;
     let mut roots = Roots {
