@@ -34,6 +34,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+#: The sixteen fields of a task-state-guard 0.1.0 ``Task``, in its order.
+PEER_TASK_FIELDS = [
+    "id",
+    "parent_id",
+    "status",
+    "delivery_status",
+    "delivery_required",
+    "payload_hash",
+    "timeout_seconds",
+    "created_at",
+    "started_at",
+    "updated_at",
+    "ended_at",
+    "deadline_at",
+    "delivery_updated_at",
+    "terminal_code",
+    "delivery_code",
+    "version",
+]
+
+
 class FrozenClock:
     """A clock that stands still until a test moves it."""
 

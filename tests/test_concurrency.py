@@ -334,12 +334,13 @@ def test_threads_behind_a_call_in_a_lock_wait_wait_one_timeout_each(db_path: Pat
     assert task_count(db_path) == 0
 
 
-HANDLER_JOINING_WORKERS = r"""
-import os, signal, sys, threading, time
-from taskwarden import Ledger, LedgerBusy
-ledger = Ledger(sys.argv[1], busy_timeout_ms=1_000)
+# Two worker threads on the script's `ledger` that read until `stop` is
+# set, each noting in `outcomes` how it ended; FIRST runs before a
+# worker's first call.
+STOPPABLE_WORKERS = r"""
 stop, outcomes = threading.Event(), []
 def work():
+    FIRST
     try:
         while not stop.is_set():
             ledger.stats()
@@ -349,6 +350,16 @@ def work():
         outcomes.append("busy")
 workers = [threading.Thread(target=work) for _ in range(2)]
 for w in workers: w.start()
+"""
+
+HANDLER_JOINING_WORKERS = (
+    r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger, LedgerBusy
+ledger = Ledger(sys.argv[1], busy_timeout_ms=1_000)
+"""
+    + STOPPABLE_WORKERS.replace("FIRST", "pass")
+    + r"""
 def on_term(signum, frame):  # a graceful shutdown: stop the workers, wait for them
     stop.set()
     for w in workers: w.join()
@@ -357,6 +368,7 @@ signal.signal(signal.SIGTERM, on_term)
 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
 ledger.create_task()  # waits for the lock another process holds
 """
+)
 
 
 def test_a_signal_handler_that_joins_the_handles_threads_ends(db_path: Path) -> None:
@@ -425,25 +437,19 @@ def test_a_signal_handler_closing_a_ledger_its_thread_waits_for_is_refused(
     assert done.returncode == 5, done.stderr
 
 
-HANDLER_JOINING_WHILE_QUEUED = r"""
+HANDLER_JOINING_WHILE_QUEUED = (
+    r"""
 import os, signal, sys, threading, time
 from taskwarden import Ledger, LedgerBusy
 ledger = Ledger(sys.argv[1], busy_timeout_ms=4_000)
 writer = threading.Thread(target=lambda: ledger.create_task())
 writer.start()
 time.sleep(0.2)  # the writer's call holds the handle until the lock is freed
-stop, outcomes = threading.Event(), []
-def work():
-    time.sleep(0.1)  # the main thread's call is in the line first
-    try:
-        while not stop.is_set():
-            ledger.stats()
-            time.sleep(0.01)
-        outcomes.append("stopped")
-    except LedgerBusy:
-        outcomes.append("busy")
-workers = [threading.Thread(target=work) for _ in range(2)]
-for w in workers: w.start()
+"""
+    + STOPPABLE_WORKERS.replace(
+        "FIRST", "time.sleep(0.1)  # the main thread's call is in the line first"
+    )
+    + r"""
 def on_term(signum, frame):  # a graceful shutdown: stop the workers, wait for them
     stop.set()
     for w in workers: w.join()
@@ -453,6 +459,7 @@ signal.signal(signal.SIGTERM, on_term)
 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
 ledger.stats()  # waits in the handle's line, ahead of the workers
 """
+)
 
 
 def test_a_handler_run_while_its_thread_waits_in_line_holds_nobody_back(

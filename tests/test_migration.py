@@ -22,26 +22,8 @@ import task_state_guard as tsg
 from taskwarden import Ledger
 from taskwarden.errors import StateConflict
 
-from .conftest import FrozenClock, held_open, logical_dump
+from .conftest import PEER_TASK_FIELDS, FrozenClock, held_open, logical_dump
 
-PEER_FIELDS = (
-    "id",
-    "parent_id",
-    "status",
-    "delivery_status",
-    "delivery_required",
-    "payload_hash",
-    "timeout_seconds",
-    "created_at",
-    "started_at",
-    "updated_at",
-    "ended_at",
-    "deadline_at",
-    "delivery_updated_at",
-    "terminal_code",
-    "delivery_code",
-    "version",
-)
 EVENT_SQL = (
     "SELECT sequence, task_id, event_kind, from_value, to_value, occurred_at, code "
     "FROM task_events ORDER BY sequence"
@@ -58,7 +40,7 @@ def _plain(value: Any) -> Any:
 
 def peer_fields(task: Any) -> tuple[Any, ...]:
     """The sixteen task-state-guard fields of a peer or taskwarden ``Task``."""
-    return tuple(_plain(getattr(task, name)) for name in PEER_FIELDS)
+    return tuple(_plain(getattr(task, name)) for name in PEER_TASK_FIELDS)
 
 
 def query(path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -271,7 +253,7 @@ def test_lifecycle_continues_on_migrated_and_new_tasks(
         now = clock.advance(10.5)
         task = ledger.heartbeat(ids["running"])
         assert (task.updated_at, task.version) == (now, old_running[-1] + 1)
-        assert task.deadline_at == old_running[PEER_FIELDS.index("deadline_at")]
+        assert task.deadline_at == old_running[PEER_TASK_FIELDS.index("deadline_at")]
         now = clock.advance(1.0)
         task = ledger.close_task(ids["running"], "succeeded", code="worker_completed")
         assert (task.status, task.ended_at, task.terminal_code) == (

@@ -66,6 +66,8 @@ from hypothesis.control import currently_in_test_context
 tsg = pytest.importorskip("task_state_guard")
 import taskwarden as tw  # noqa: E402
 
+from .conftest import PEER_TASK_FIELDS  # noqa: E402
+
 pytestmark = pytest.mark.filterwarnings(
     "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
 )
@@ -82,24 +84,6 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-PEER_TASK_FIELDS = [
-    "id",
-    "parent_id",
-    "status",
-    "delivery_status",
-    "delivery_required",
-    "payload_hash",
-    "timeout_seconds",
-    "created_at",
-    "started_at",
-    "updated_at",
-    "ended_at",
-    "deadline_at",
-    "delivery_updated_at",
-    "terminal_code",
-    "delivery_code",
-    "version",
-]
 PEER_DOCTOR_SKIP = {"schema_version"}  # 2 versus 3, by design
 
 START = 1_800_000_000.0
@@ -1200,42 +1184,11 @@ CLI_TIME_KEYS = {
     "deadline_at",
     "delivery_updated_at",
 }
-CLI_FLOATS = [
-    "0",
-    "3600",
-    "600",
-    "86400",
-    "0.0",
-    "0",
-    "600",
-    "86400",
-    "1e9",
-    "nan",
-    "inf",
-    "-1",
-    "1e400",
-    "abc",
-    "",
-    " 5",
-    "1_0",
-    "0x10",
-]
-CLI_TIMEOUTS = [
-    "0",
-    "3600",
-    "3600.0",
-    "0",
-    "3600",
-    "-0",
-    "1e9",
-    "nan",
-    "inf",
-    "-1",
-    "1e400",
-    "abc",
-    "",
-    " 5",
-]
+# Spellings of a number both CLIs must refuse (or, for "nan", judge alike).
+CLI_BAD_NUMBERS = ["nan", "inf", "-1", "1e400", "abc", "", " 5"]
+CLI_FLOATS = ["0", "3600", "600", "86400", "0.0", "0", "600", "86400", "1e9"]
+CLI_FLOATS += [*CLI_BAD_NUMBERS, "1_0", "0x10"]
+CLI_TIMEOUTS = ["0", "3600", "3600.0", "0", "3600", "-0", "1e9", *CLI_BAD_NUMBERS]
 cli_ids = st.one_of(
     st.sampled_from([f"P{i}" for i in range(len(POOL))]),
     st.sampled_from([f"P{i}" for i in range(len(POOL))]),
