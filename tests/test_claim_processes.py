@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from taskwarden import Ledger, TaskStatus
-from taskwarden.errors import StateConflict
+from taskwarden.errors import ClaimLost
 
 from .conftest import FrozenClock, logical_dump, report_outcome
 
@@ -407,18 +407,20 @@ def test_parent_token_and_cost_limits_bind_children(ledger: Ledger) -> None:
 
 def _assert_fenced(ledger: Ledger, task_id: str, **who: Any) -> None:
     before = ledger.get_task(task_id)
-    with pytest.raises(StateConflict):
+    with pytest.raises(ClaimLost):
         ledger.heartbeat(task_id, **who)
     answer = ledger.charge(task_id, **who)
     assert answer.allowed is False
     assert answer.escalated is False
-    with pytest.raises(StateConflict):
+    with pytest.raises(ClaimLost):
         ledger.close_task(task_id, "succeeded", **who)
-    with pytest.raises(StateConflict):
+    with pytest.raises(ClaimLost):
         ledger.transition(task_id, "running", "failed", **who)
     if "worker" in who:
-        with pytest.raises(StateConflict):
+        with pytest.raises(ClaimLost):
             ledger.release(task_id, who["worker"], attempt=who.get("attempt"))
+    with pytest.raises(ClaimLost):
+        ledger.set_delivery(task_id, "delivered", **who)
     assert ledger.get_task(task_id) == before, "a fenced call changed the task"
 
 
@@ -437,7 +439,7 @@ def test_released_and_reclaimed_task_fences_the_old_owner(
         assert second is not None
         assert (second.owner, second.attempt_count) == ("B", 2)
         # A cannot release B's claim either.
-        with pytest.raises(StateConflict):
+        with pytest.raises(ClaimLost):
             ledger.release(task.id, "A")
 
     before = logical_dump(db_path)
@@ -503,7 +505,7 @@ def test_a_zombie_is_not_told_its_close_succeeded_after_the_new_owner_closed(
     ledger: Ledger,
 ) -> None:
     """Closing again with the same status is a no-op for the claim that
-    closed it; a zombie whose claim ended must still hear StateConflict,
+    closed it; a zombie whose claim ended must still hear ClaimLost,
     or it would deliver its result as if it had been accepted."""
     task = ledger.create_task()
     ledger.claim(task.id, "A")
@@ -512,9 +514,9 @@ def test_a_zombie_is_not_told_its_close_succeeded_after_the_new_owner_closed(
     ledger.claim(task.id, "B")
     done = ledger.close_task(task.id, "succeeded", worker="B", attempt=2)
     for who in ({"worker": "A"}, {"worker": "A", "attempt": 1}, {"attempt": 1}):
-        with pytest.raises(StateConflict):
+        with pytest.raises(ClaimLost):
             ledger.close_task(task.id, "succeeded", **who)
-        with pytest.raises(StateConflict):
+        with pytest.raises(ClaimLost):
             ledger.transition(task.id, "succeeded", "succeeded", **who)
     # The owner's retry is still the no-op it was.
     assert ledger.close_task(task.id, "succeeded", worker="B", attempt=2) == done
@@ -531,9 +533,9 @@ def test_a_requeued_task_fences_every_ended_claim_before_the_next_one(ledger: Le
     queued = ledger.requeue(task.id)
     assert (queued.status, queued.attempt_count) == ("queued", 1)
     for who in ({"attempt": 1}, {"worker": "A"}, {"worker": "A", "attempt": 1}):
-        with pytest.raises(StateConflict):
+        with pytest.raises(ClaimLost):
             ledger.close_task(task.id, "succeeded", **who)
-        with pytest.raises(StateConflict):
+        with pytest.raises(ClaimLost):
             ledger.transition(task.id, "queued", "cancelled", **who)
     assert ledger.get_task(task.id) == queued
     # A claim through transition still compares the attempt it expects.
@@ -577,9 +579,9 @@ def test_a_task_closed_while_queued_fences_every_ended_claim(ledger: Ledger) -> 
     closed = ledger.close_task(task.id, "succeeded")
     assert (closed.owner, closed.attempt_count) == (None, 1)
     for who in ({"attempt": 1}, {"worker": "A", "attempt": 1}):
-        with pytest.raises(StateConflict):
+        with pytest.raises(ClaimLost):
             ledger.close_task(task.id, "succeeded", **who)
-        with pytest.raises(StateConflict):
+        with pytest.raises(ClaimLost):
             ledger.transition(task.id, "succeeded", "succeeded", **who)
     assert ledger.close_task(task.id, "succeeded") == closed  # the unfenced retry
 

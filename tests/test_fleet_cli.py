@@ -127,8 +127,8 @@ def test_claim_next_when_nothing_is_queued_and_bad_limits(db_path: Path, tasks: 
 
 def test_release(db_path: Path, tasks: list[str]) -> None:
     ok(db_path, "claim", tasks[0], "--worker", "w1")
-    fails(db_path, "StateConflict", "release", tasks[0], "--worker", "w2")
-    fails(db_path, "StateConflict", "release", tasks[0], "--worker", "w1", "--attempt", "2")
+    fails(db_path, "ClaimLost", "release", tasks[0], "--worker", "w2")
+    fails(db_path, "ClaimLost", "release", tasks[0], "--worker", "w1", "--attempt", "2")
     task = ok(db_path, "release", tasks[0], "--worker", "w1", "--attempt", "1")["task"]
     assert (task["status"], task["owner"], task["started_at"], task["attempt_count"]) == (
         "queued",
@@ -136,7 +136,7 @@ def test_release(db_path: Path, tasks: list[str]) -> None:
         None,
         1,
     )
-    fails(db_path, "StateConflict", "release", tasks[0], "--worker", "w1")
+    fails(db_path, "ClaimLost", "release", tasks[0], "--worker", "w1")
     fails(db_path, "TaskNotFound", "release", MISSING, "--worker", "w1")
 
 
@@ -254,7 +254,7 @@ def test_transition(db_path: Path, tasks: list[str]) -> None:
     for expected, to in (("queued", "running"), ("blocked", "running"), ("running", "running")):
         fails(db_path, "StateConflict", "transition", tasks[0], "--expected", expected, "--to", to)
     fails(
-        db_path, "StateConflict", "transition", tasks[0], "--expected", "running", "--to",
+        db_path, "ClaimLost", "transition", tasks[0], "--expected", "running", "--to",
         "succeeded", "--worker", "w1",
     )  # fmt: skip
     fails(
@@ -303,8 +303,8 @@ def test_block_and_escalate(
     fails(db_path, "StateConflict", command, tasks[0])  # queued
     ok(db_path, "claim", tasks[0], "--worker", "w1")
     ok(db_path, "claim", tasks[1], "--worker", "w1")
-    fails(db_path, "StateConflict", command, tasks[0], "--worker", "w2")
-    fails(db_path, "StateConflict", command, tasks[0], "--worker", "w1", "--attempt", "2")
+    fails(db_path, "ClaimLost", command, tasks[0], "--worker", "w2")
+    fails(db_path, "ClaimLost", command, tasks[0], "--worker", "w1", "--attempt", "2")
     fails(db_path, "InvalidInput", command, tasks[0], "--code", "budget_exhausted")
     task = ok(db_path, command, tasks[0], "--worker", "w1", "--attempt", "1")["task"]
     assert (task["status"], task["park_code"], task["owner"]) == (status, default, "w1")

@@ -9,7 +9,7 @@ from .compat import (
     can_transition,
     reconcile_restart,
 )
-from .errors import InvalidInput, LedgerBusy, LedgerError, StateConflict, TaskNotFound
+from .errors import ClaimLost, InvalidInput, LedgerBusy, LedgerError, StateConflict, TaskNotFound
 from .ledger import Ledger
 from .models import Charge, DeliveryStatus, Event, ReconcilePolicy, Task, TaskStatus
 
@@ -19,6 +19,7 @@ __all__ = [
     "TASK_REASON_CODES",
     "TRANSITIONS",
     "Charge",
+    "ClaimLost",
     "DeliveryStatus",
     "Event",
     "InvalidInput",

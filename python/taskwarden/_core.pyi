@@ -100,7 +100,15 @@ class LedgerCore:
         worker: object = None,
         attempt: object = None,
     ) -> Task: ...
-    def set_delivery(self, task_id: object, status: object, *, code: object = None) -> Task: ...
+    def set_delivery(
+        self,
+        task_id: object,
+        status: object,
+        *,
+        code: object = None,
+        worker: object = None,
+        attempt: object = None,
+    ) -> Task: ...
     def reconcile(
         self,
         *,

@@ -139,6 +139,7 @@ def add_lifecycle_commands(
     add_task_id(delivery)
     delivery.add_argument("--status", required=True, choices=_DELIVERY, help="the outcome")
     delivery.add_argument("--code", help=codes_help(DELIVERY_REASON_CODES, "outcome"))
+    add_fence(delivery)
 
 
 def add_recovery_commands(

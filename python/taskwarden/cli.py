@@ -162,7 +162,11 @@ def _cmd_close(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_delivery(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
-        return task_answer(ledger.set_delivery(args.task_id, args.status, code=args.code))
+        return task_answer(
+            ledger.set_delivery(
+                args.task_id, args.status, code=args.code, worker=args.worker, attempt=args.attempt
+            )
+        )
 
 
 def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:

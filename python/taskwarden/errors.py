@@ -6,7 +6,14 @@ that a caller passed in, so they are safe to log.
 
 from __future__ import annotations
 
-__all__ = ["InvalidInput", "LedgerBusy", "LedgerError", "StateConflict", "TaskNotFound"]
+__all__ = [
+    "ClaimLost",
+    "InvalidInput",
+    "LedgerBusy",
+    "LedgerError",
+    "StateConflict",
+    "TaskNotFound",
+]
 
 
 class LedgerError(Exception):
@@ -27,3 +34,13 @@ class StateConflict(LedgerError):
 
 class LedgerBusy(StateConflict):
     """Another writer held the lock for longer than ``busy_timeout_ms``."""
+
+
+class ClaimLost(StateConflict):
+    """A write made for a claim (``worker=`` or ``attempt=`` given, or a
+    ``release``) found that claim over: the task was released, requeued,
+    claimed again, parked or ended by someone else (``reconcile`` included).
+    Nothing was written; the worker should stop working on the task.
+
+    Unlike its base class it never means "busy" (``LedgerBusy`` is a
+    ``StateConflict`` too) or a move the caller got wrong without a claim."""

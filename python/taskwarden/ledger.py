@@ -325,10 +325,18 @@ class Ledger:
         return self._core.close_task(task_id, status, code=code, worker=worker, attempt=attempt)
 
     def set_delivery(
-        self, task_id: str, status: DeliveryStatus | str, *, code: str | None = None
+        self,
+        task_id: str,
+        status: DeliveryStatus | str,
+        *,
+        code: str | None = None,
+        worker: str | None = None,
+        attempt: int | None = None,
     ) -> Task:
-        """Record a terminal task's delivery outcome."""
-        return self._core.set_delivery(task_id, status, code=code)
+        """Record a terminal task's delivery outcome. With ``worker=`` (and
+        ``attempt=``) only the claim that held the task last may: a worker
+        that lost its task gets ``ClaimLost`` and decides nothing."""
+        return self._core.set_delivery(task_id, status, code=code, worker=worker, attempt=attempt)
 
     # -- claims: one owner per task, across threads and processes ----------
 

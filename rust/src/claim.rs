@@ -135,7 +135,8 @@ pub fn release(
 ) -> Result<TaskRow> {
     let task = tasks::get(tx, id)?;
     if task.status != TaskStatus::Running {
-        return Err(Error::Conflict("only a running task can be released"));
+        // A release is always made for the worker's claim.
+        return Err(Error::ClaimLost("only a running task can be released"));
     }
     Fence {
         worker: Some(worker.to_owned()),

@@ -21,6 +21,10 @@ pub enum Error {
     NotFound,
     /// The stored state does not allow the operation.
     Conflict(&'static str),
+    /// A write made for a claim (`worker=` or `attempt=` given) found the
+    /// claim over: the task was released, requeued, claimed again, parked
+    /// or ended by someone else. The worker should stop working on it.
+    ClaimLost(&'static str),
     /// Another connection held the write lock past `busy_timeout_ms`.
     Busy,
     /// The storage refused a write for lack of space.
@@ -42,13 +46,20 @@ pub enum Error {
     Interrupted(PyErr),
 }
 
+/// What an interrupted statement reports: only the progress handler
+/// (`busy::install_progress`) interrupts one, for a signal it keeps.
+pub const INTERRUPTED: &str = "operation interrupted";
+
 /// The `Result` of the core.
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Invalid(msg) | Error::Conflict(msg) | Error::Internal(msg) => f.write_str(msg),
+            Error::Invalid(msg)
+            | Error::Conflict(msg)
+            | Error::ClaimLost(msg)
+            | Error::Internal(msg) => f.write_str(msg),
             Error::InvalidArgument(name, rule) => write!(f, "{name} {rule}"),
             Error::Storage(msg) => write!(f, "storage failure: {msg}"),
             Error::NotFound => f.write_str("task does not exist"),
@@ -85,7 +96,7 @@ impl From<rusqlite::Error> for Error {
             Some(ErrorCode::SystemIoFailure) => Error::Storage("i/o error"),
             Some(ErrorCode::CannotOpen) => Error::Conflict("database connection failed"),
             Some(ErrorCode::OutOfMemory) => Error::Storage("out of memory"),
-            Some(ErrorCode::OperationInterrupted) => Error::Storage("operation interrupted"),
+            Some(ErrorCode::OperationInterrupted) => Error::Storage(INTERRUPTED),
             Some(_) => Error::Storage("database operation failed"),
             // A stored value of the wrong type or invalid text is damage in
             // the file, not a bug here: a clean conflict, never exit 3.
@@ -118,6 +129,7 @@ mod py {
     pyo3::import_exception!(taskwarden.errors, TaskNotFound);
     pyo3::import_exception!(taskwarden.errors, StateConflict);
     pyo3::import_exception!(taskwarden.errors, LedgerBusy);
+    pyo3::import_exception!(taskwarden.errors, ClaimLost);
 }
 
 impl From<Error> for PyErr {
@@ -130,6 +142,7 @@ impl From<Error> for PyErr {
             e @ Error::NotFound => py::TaskNotFound::new_err(e.to_string()),
             e @ (Error::Conflict(_) | Error::Corrupt) => py::StateConflict::new_err(e.to_string()),
             e @ Error::Busy => py::LedgerBusy::new_err(e.to_string()),
+            e @ Error::ClaimLost(_) => py::ClaimLost::new_err(e.to_string()),
             e @ (Error::Full | Error::Storage(_)) => py::LedgerError::new_err(e.to_string()),
             e @ Error::Internal(_) => pyo3::exceptions::PyRuntimeError::new_err(e.to_string()),
         }

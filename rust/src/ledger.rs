@@ -452,13 +452,15 @@ impl LedgerCore {
         })
     }
 
-    #[pyo3(signature = (task_id, status, *, code=None))]
+    #[pyo3(signature = (task_id, status, *, code=None, worker=None, attempt=None))]
     fn set_delivery<'py>(
         &self,
         py: Python<'py>,
         task_id: &Bound<'py, PyAny>,
         status: &Bound<'py, PyAny>,
         code: Option<&Bound<'py, PyAny>>,
+        worker: Option<&Bound<'py, PyAny>>,
+        attempt: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
         let to = convert::delivery_status(status)?;
@@ -466,12 +468,14 @@ impl LedgerCore {
             return Err(Error::Invalid("delivery close status must be terminal").into());
         }
         let code = convert::opt_text(code, validate::BAD_CODE_FORMAT).ok();
+        let fence = fence(worker, attempt)?;
         self.write_task(py, |tx, clock| {
             tasks::set_delivery(
                 tx,
                 &id,
                 to,
                 tasks::CallerCode::from_converted(code.as_ref()),
+                &fence,
                 clock,
             )
         })

@@ -38,19 +38,30 @@ pub struct Fence {
 }
 
 impl Fence {
+    /// Whether the write is made for a claim at all.
+    #[must_use]
+    pub fn is_given(&self) -> bool {
+        self.worker.is_some() || self.attempt.is_some()
+    }
+
     /// Refuses a writer whose claim is no longer the current one. A task
     /// without an owner (back in the queue, or closed while it was queued)
     /// is held by no claim: whoever fences it holds one that ended, even
-    /// before the next claim raises the attempt count.
+    /// before the next claim raises the attempt count. A running task
+    /// without an owner (run by `start_task`, or by a `queued -> running`
+    /// transition that named no worker) is held by its attempt alone: only
+    /// `attempt=` can name that claim (SPEC 2.2).
     pub fn check(&self, task: &TaskRow) -> Result<()> {
-        let fenced = self.worker.is_some() || self.attempt.is_some();
-        if fenced && task.owner.is_none() {
-            return Err(Error::Conflict("no claim holds this task"));
+        if !self.is_given() {
+            return Ok(());
         }
-        if let Some(worker) = &self.worker {
-            if task.owner.as_deref() != Some(worker.as_str()) {
-                return Err(Error::Conflict("task is not owned by this worker"));
+        match (&self.worker, task.owner.as_deref()) {
+            (None, None) if task.status == TaskStatus::Running => {}
+            (_, None) => return Err(Error::ClaimLost("no claim holds this task")),
+            (Some(worker), Some(owner)) if worker != owner => {
+                return Err(Error::ClaimLost("task is not owned by this worker"));
             }
+            _ => {}
         }
         self.matches_attempt(task)
     }
@@ -60,12 +71,24 @@ impl Fence {
     fn matches_attempt(&self, task: &TaskRow) -> Result<()> {
         if let Some(attempt) = self.attempt {
             if task.attempt_count != attempt {
-                return Err(Error::Conflict(
+                return Err(Error::ClaimLost(
                     "the task's current claim is another attempt",
                 ));
             }
         }
         Ok(())
+    }
+
+    /// A refusal because of the task's status: for a write made for a
+    /// claim, the claim is over ([`Error::ClaimLost`]); otherwise the
+    /// stored state simply does not allow it.
+    #[must_use]
+    pub fn status_refusal(&self, why: &'static str) -> Error {
+        if self.is_given() {
+            Error::ClaimLost(why)
+        } else {
+            Error::Conflict(why)
+        }
     }
 }
 
@@ -437,7 +460,7 @@ pub fn heartbeat(
 ) -> Result<TaskRow> {
     let task = get(tx, id)?;
     if task.status != TaskStatus::Running {
-        return Err(Error::Conflict("only running tasks accept heartbeats"));
+        return Err(fence.status_refusal("only running tasks accept heartbeats"));
     }
     fence.check(&task)?;
     let now = clock()?;
@@ -499,9 +522,7 @@ pub fn close(
         return Ok(task);
     }
     if task.status.is_terminal() {
-        return Err(Error::Conflict(
-            "task already has a different terminal state",
-        ));
+        return Err(fence.status_refusal("task already has a different terminal state"));
     }
     let code = code.judged()?;
     if let Some(code) = code {
@@ -509,26 +530,28 @@ pub fn close(
     }
     fence.check(&task)?;
     if !fsm::can_transition(task.status, to) {
-        return Err(Error::Conflict(
-            "transition is not allowed from the current status",
-        ));
+        return Err(fence.status_refusal("transition is not allowed from the current status"));
     }
     transition(tx, &task, to, code, fence.worker.as_deref(), clock()?)
 }
 
 /// `set_delivery`: pending -> delivered | failed | not_applicable, only
-/// after the task is terminal, and only the outcome its kind allows.
+/// after the task is terminal, and only the outcome its kind allows. A
+/// fenced writer must be the claim that held the task last: a worker that
+/// lost its task cannot decide the outcome of another worker's run.
 pub fn set_delivery(
     tx: &Transaction<'_>,
     id: &str,
     to: DeliveryStatus,
     code: CallerCode<'_>,
+    fence: &Fence,
     clock: Clock<'_>,
 ) -> Result<TaskRow> {
     if !to.is_terminal() {
         return Err(Error::Invalid("delivery close status must be terminal"));
     }
     let task = get(tx, id)?;
+    fence.check(&task)?;
     if !task.status.is_terminal() {
         return Err(Error::Conflict(
             "delivery cannot close before the task is terminal",
@@ -557,15 +580,16 @@ pub fn set_delivery(
         fsm::check_code(code, fsm::delivery_codes(to), fsm::NOT_FOR_DELIVERY_STATUS)?;
     }
     let now = clock()?;
-    deliver(tx, &task, to, code, now)
+    deliver(tx, &task, to, code, fence.worker.as_deref(), now)
 }
 
-/// Applies a delivery outcome (shared with reconcile).
+/// Applies a delivery outcome, recording the worker it was set for.
 pub fn deliver(
     tx: &Transaction<'_>,
     task: &TaskRow,
     to: DeliveryStatus,
     code: Option<&str>,
+    worker: Option<&str>,
     now: f64,
 ) -> Result<TaskRow> {
     not_before(now, task)?;
@@ -581,7 +605,7 @@ pub fn deliver(
         to: to.as_str().into(),
         at: now,
         code: code.map(str::to_owned),
-        worker: None,
+        worker: worker.map(str::to_owned),
         grant: None,
     };
     next.event_head = events::append(tx, &task.event_head, &event)?;
@@ -645,20 +669,28 @@ pub fn compare_and_set(
     clock: Clock<'_>,
 ) -> Result<TaskRow> {
     let task = get(tx, id)?;
+    // A `queued -> running` transition with a worker makes a claim; any
+    // other fenced one is made for a claim, which a refusal ends.
+    let makes_claim = expected == TaskStatus::Queued && to == TaskStatus::Running;
+    let refusal = |why| {
+        if makes_claim {
+            Error::Conflict(why)
+        } else {
+            fence.status_refusal(why)
+        }
+    };
     if task.status != expected {
-        return Err(Error::Conflict("task is not in the expected status"));
+        return Err(refusal("task is not in the expected status"));
     }
     if to.is_terminal() && task.status == to {
         fence.check(&task)?;
         return Ok(task);
     }
     if !fsm::can_transition(task.status, to) {
-        return Err(Error::Conflict(
-            "transition is not allowed from the current status",
-        ));
+        return Err(refusal("transition is not allowed from the current status"));
     }
     let code = code_for_move(task.status, to, code, fence.worker.as_deref())?;
-    if task.status == TaskStatus::Queued && to == TaskStatus::Running {
+    if makes_claim {
         // A claim: the worker becomes the owner, so only the attempt the
         // caller expects is compared.
         fence.matches_attempt(&task)?;

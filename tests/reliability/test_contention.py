@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from taskwarden import Ledger, Task
-from taskwarden.errors import LedgerBusy, StateConflict
+from taskwarden.errors import ClaimLost, LedgerBusy, StateConflict
 
 from ..conftest import report_outcome
 
@@ -69,7 +69,7 @@ class _Calls:
             self.busy[name] += 1
             return "busy", None
         except StateConflict as exc:
-            if type(exc) is not StateConflict:
+            if type(exc) not in (StateConflict, ClaimLost):
                 self.bad.append(f"{name}: {type(exc).__name__} (a StateConflict subclass)")
             return "conflict", exc
         except Exception as exc:
