@@ -5,6 +5,8 @@
 //! is SQLite.
 
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rusqlite::config::DbConfig;
@@ -434,6 +436,7 @@ impl Store {
         let timing = (opts.busy_timeout_ms, opts.durability);
         let mut store = Store::new(conn, backing, Some(lease), timing, interruption.clone());
         store.install_busy_handler()?;
+        busy::install_progress(&mut store.conn, &store.interruption)?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
         // First, as it reads the schema in a read that may race a writer
         // (see `begin_snapshot`): `synchronous` would read it too, unguarded.
@@ -544,6 +547,7 @@ impl Store {
 
     fn configure(&mut self) -> Result<()> {
         self.install_busy_handler()?;
+        busy::install_progress(&mut self.conn, &self.interruption)?;
         pin_query_plans(&self.conn)?;
         self.conn.pragma_update(None, "foreign_keys", true)?;
         let fk: bool = self
@@ -803,6 +807,7 @@ impl Store {
                 begin_snapshot(&tx, timeout)?;
             }
             let out = op(&tx)?;
+            self.interruption.stop_if_signalled()?;
             match (size, &self.wal) {
                 (Size::Large, Some(wal)) => wal.syncing_while(|| tx.commit())?,
                 _ => tx.commit()?,
@@ -937,16 +942,38 @@ impl Store {
         };
         let file = path.file.clone();
         let busy = Duration::from_millis(u64::from(self.busy_timeout_ms));
+        self.interruption.forget();
+        let stop = Arc::new(AtomicBool::new(false));
         std::thread::scope(|scope| {
+            let stopped = Arc::clone(&stop);
             let quick = scope.spawn(move || {
                 // Pages and records only: the scan judges CHECK constraints.
                 let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-                Connection::open_with_flags(&file, flags)
-                    .and_then(|c| c.busy_timeout(busy).map(|()| c))
-                    .is_ok_and(|c| doctor::quick_check(&c))
+                let mut conn = Connection::open_with_flags(&file, flags).ok()?;
+                conn.busy_timeout(busy).ok()?;
+                // Signals reach the calling thread only: it says when to stop.
+                conn.progress_handler(
+                    busy::PROGRESS_STEPS,
+                    Some(move || stopped.load(Ordering::Relaxed)),
+                )
+                .ok()?;
+                Some(doctor::quick_check(&conn))
             });
             let report = self.check_snapshot(false);
-            let quick = quick.join().unwrap_or(false);
+            // The scan is often done first: the page walk's wait still ends
+            // for a signal.
+            let mut watch = busy::SignalWatch::from(Instant::now());
+            while report.is_ok() && !quick.is_finished() {
+                if watch.signalled(&self.interruption) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if report.is_err() || self.interruption.is_signalled() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            let quick = quick.join().ok().flatten().unwrap_or(false);
+            self.interruption.stop_if_signalled()?;
             Ok(report?.with_quick_check(quick))
         })
     }
@@ -964,6 +991,7 @@ impl Store {
     /// this connection's `quick_check` in that same transaction.
     fn check_snapshot(&mut self, with_quick_check: bool) -> Result<doctor::Report> {
         self.verify()?;
+        self.interruption.forget();
         let racing_reads = self.read_race_timeout();
         let tx = self
             .conn
@@ -978,6 +1006,8 @@ impl Store {
             report = report.with_quick_check(doctor::quick_check(&tx));
         }
         tx.rollback().ok();
+        // An interrupted scan reads as damage: report the signal instead.
+        self.interruption.stop_if_signalled()?;
         Ok(report)
     }
 
