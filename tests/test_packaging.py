@@ -7,6 +7,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 import taskwarden
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,3 +36,21 @@ def test_importing_the_main_module_does_not_run_the_cli() -> None:
         timeout=60,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["demo", "--format", "text"]])
+def test_the_cli_runs_with_docstrings_stripped(argv: list[str], tmp_path: Path) -> None:
+    """``python -OO`` (or PYTHONOPTIMIZE=2, set in some images) drops
+    docstrings: the CLI's help text must not live only in one."""
+    tmp_path.chmod(0o700)
+    if argv[0] == "demo":
+        argv = [*argv, "--db", str(tmp_path / "demo.db")]
+    done = subprocess.run(
+        [sys.executable, "-OO", "-m", "taskwarden", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "taskwarden" in done.stdout

@@ -40,11 +40,19 @@ __all__ = ["build_parser", "main"]
 EXIT_OK, EXIT_UNHEALTHY, EXIT_LEDGER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command stopped by SIGINT
 
+# Help text lives here, not in the docstring: `python -OO` drops docstrings.
+ABOUT = "taskwarden: the task-state ledger for AI-agent fleets, from the shell."
+OUTPUTS = """Every command prints one line of JSON with sorted keys (or a readable table
+with --format text; an error's text also says why). Exit codes: 0 ok, 1
+unhealthy doctor, 2 ledger error (bad input, conflict, busy, missing task), 3
+internal error (or an answer that could not be written), 130 interrupted
+(Ctrl-C). Rejected arguments are never echoed back, and bad input writes
+nothing: not even a new file."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (commands are added per capability)."""
-    about, outputs = __doc__.split("\n\n")[:2]
-    parser = SafeArgumentParser(prog="taskwarden", description=about, epilog=outputs)
+    parser = SafeArgumentParser(prog="taskwarden", description=ABOUT, epilog=OUTPUTS)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
