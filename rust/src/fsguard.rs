@@ -368,11 +368,20 @@ pub fn verify_identity(path: &DbPath, identity: Identity) -> Result<()> {
     }
 }
 
-/// A read handle on the ledger's WAL, if there is one: while it is open,
-/// a link count of zero means the file was unlinked under the connection.
-pub fn open_wal(path: &DbPath) -> Option<File> {
-    File::open(sidecar(path, "-wal")).ok()
+/// A read handle on the ledger's WAL: while it is open, a link count of
+/// zero means the file was unlinked under the connection.
+///
+/// A WAL that cannot be opened refuses the open: a handle without it would
+/// go on for its whole life without the checks that need it (a WAL moved
+/// away, unlinked by another SQLite copy) and without writer turns. Near
+/// the process's descriptor limit that used to happen silently.
+pub fn open_wal(path: &DbPath) -> Result<File> {
+    File::open(sidecar(path, "-wal")).map_err(|_| Error::Storage(WAL_NOT_OPENED))
 }
+
+/// Why a writable open failed when the WAL beside the database could not
+/// be opened (most often: too many open files in the process).
+pub const WAL_NOT_OPENED: &str = "the ledger's WAL could not be opened";
 
 /// Refuses to go on when the WAL held open (`wal`, from [`open_wal`]) still
 /// has a name, but not the one beside the database's: the directory was

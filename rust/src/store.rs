@@ -308,7 +308,7 @@ impl Store {
         store.prepare_file_with_retries(opts.busy_timeout_ms, opts.may)?;
         fsguard::verify_identity(&path, identity)?;
         fsguard::secure_sidecars(&path, true)?;
-        store.wal = fsguard::open_wal(&path).map(wal_flush::Pacer::new);
+        store.wal = Some(wal_flush::Pacer::new(fsguard::open_wal(&path)?));
         Ok(store)
     }
 
@@ -558,7 +558,10 @@ impl Store {
         }
         self.conn
             .pragma_update(None, "synchronous", self.durability.pragma())?;
-        self.conn.set_prepared_statement_cache_capacity(64);
+        // `list_tasks` alone builds 144 texts (its filters' combinations):
+        // with room for 64, a supervisor varying them re-prepared on most
+        // calls (44-53 us a list and get against 20).
+        self.conn.set_prepared_statement_cache_capacity(256);
         self.conn.pragma_update(None, "cache_size", CACHE_KIB)?;
         // Each checkpoint copies pages back into the file and syncs it; at
         // SQLite's default (1000 pages) that is a third of a write's cost.
@@ -788,7 +791,7 @@ impl Store {
         self.configure()?;
         self.ensure_wal()?;
         fsguard::secure_sidecars(&path, true)?;
-        self.wal = fsguard::open_wal(&path).map(wal_flush::Pacer::new);
+        self.wal = Some(wal_flush::Pacer::new(fsguard::open_wal(&path)?));
         Ok(())
     }
 

@@ -42,7 +42,12 @@ const LARGE_COMMIT_STEP: Duration = Duration::from_millis(2);
 /// What the helper is asked to do.
 #[derive(Default)]
 struct Work {
-    waiting: Vec<Arc<File>>,
+    /// At most one entry per WAL file (by device and inode): handles
+    /// opened and closed beside a long-lived one each brought their own
+    /// descriptor, and one sync serves them all. Queued per handle, a
+    /// process writing through short-lived handles kept hundreds of closed
+    /// handles' descriptors waiting here (up to its descriptor limit).
+    waiting: Vec<(WalKey, Arc<File>)>,
     stop: bool,
 }
 
@@ -73,14 +78,21 @@ static SYNCED_IN_LARGE_COMMITS: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug)]
 pub struct Pacer {
     wal: Arc<File>,
+    key: WalKey,
     last: Option<Instant>,
 }
+
+/// Which file a WAL descriptor names: its device and inode.
+type WalKey = Option<(u64, u64)>;
 
 impl Pacer {
     #[must_use]
     pub fn new(wal: File) -> Pacer {
+        use std::os::unix::fs::MetadataExt;
+        let key = wal.metadata().ok().map(|m| (m.dev(), m.ino()));
         Pacer {
             wal: Arc::new(wal),
+            key,
             last: None,
         }
     }
@@ -149,8 +161,12 @@ impl Pacer {
         let Ok(mut work) = queue.work.try_lock() else {
             return;
         };
-        if !work.waiting.iter().any(|wal| Arc::ptr_eq(wal, &self.wal)) {
-            work.waiting.push(Arc::clone(&self.wal));
+        let queued = work
+            .waiting
+            .iter()
+            .any(|(key, wal)| Arc::ptr_eq(wal, &self.wal) || (key.is_some() && *key == self.key));
+        if !queued {
+            work.waiting.push((self.key, Arc::clone(&self.wal)));
         }
         drop(work);
         queue.wake.notify_one();
@@ -200,7 +216,7 @@ fn serve(queue: &Queue) {
             }
             std::mem::take(&mut work.waiting)
         };
-        for wal in batch {
+        for (_, wal) in batch {
             // An error is the checkpoint's to find and report.
             let _ = wal.sync_data();
             SYNCED.fetch_add(1, Ordering::Relaxed);
