@@ -947,8 +947,10 @@ mod tests {
         }
     }
 
-    /// A page reads from an index wherever one fits the filters, from
-    /// its cursor on, instead of scanning and sorting the whole table.
+    /// A page reads from an index wherever one fits the filters instead
+    /// of scanning the whole table: the queue's from its cursor on; the
+    /// running tasks' and a parent's children (indexes in another order)
+    /// all of their entries, sorted.
     #[test]
     fn list_pages_read_the_index_that_fits() -> crate::errors::Result<()> {
         let queued = query(Some(TaskStatus::Queued), false, false);
