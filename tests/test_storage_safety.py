@@ -3,13 +3,17 @@ and no free text stored."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from taskwarden import InvalidInput, Ledger, StateConflict
+from taskwarden import InvalidInput, Ledger, StateConflict, TaskNotFound
 
 from .conftest import FrozenClock, run_cli, run_python
 
@@ -502,3 +506,60 @@ def test_an_unsafe_parent_is_refused_with_its_rule_as_the_peer_words_it(
             opener(parent / "ledger.db")
         assert str(refused.value) == rule, opener
     assert list(parent.iterdir()) == []
+
+
+SWAP_NAME_WITH_A_LINK = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+name, other, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+link = name + ".link"
+os.symlink(other, link)
+print("ready", flush=True)
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline:
+    for _ in range(2):  # the name becomes the link, then the file again
+        libc.renameat2(-100, name.encode(), -100, link.encode(), 2)  # RENAME_EXCHANGE
+os.unlink(link)
+"""
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "renameat2"), reason="needs renameat2")
+def test_a_link_swapped_in_at_the_name_between_the_checks_and_sqlite_is_not_followed(
+    tmp_path: Path,
+) -> None:
+    """A neighbour of the same user swaps the name for a symlink to another
+    ledger and back, over and over, while a worker opens, writes and
+    closes. The checks look at the name before SQLite opens it, so SQLite
+    must refuse a link there itself: every acknowledged write is in the
+    ledger at the name, none in the other one (a quarter of them went
+    there before)."""
+    tmp_path.chmod(0o700)
+    path, other = tmp_path / "l.db", tmp_path / "other.db"
+    Ledger(path).close()
+    Ledger(other).close()
+    other_bytes = other.read_bytes()
+    acked: list[str] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", SWAP_NAME_WITH_A_LINK, str(path), str(other), "3"],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as swapper:
+        assert swapper.stdout is not None and swapper.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                with Ledger(path) as ledger:
+                    acked.append(ledger.create_task().id)
+            except (InvalidInput, StateConflict):
+                pass  # a refusal is fine; a write elsewhere is not
+        assert swapper.wait(timeout=60) == 0
+    assert acked
+    missing = []
+    with Ledger(path) as ledger:
+        for task_id in acked:
+            try:
+                ledger.get_task(task_id)
+            except TaskNotFound:
+                missing.append(task_id)
+    assert missing == [], f"{len(missing)} of {len(acked)} acknowledged writes went elsewhere"
+    assert other.read_bytes() == other_bytes

@@ -159,9 +159,13 @@ const NOT_MIGRATED: Error =
     Error::Conflict("the ledger is a task-state-guard file, and this open may not migrate it");
 
 /// A read-write connection to an existing, secured ledger file (never
-/// created by SQLite: `fsguard` made it).
+/// created by SQLite: `fsguard` made it). SQLite resolves the name again:
+/// a symlink put there since `fsguard` looked is refused, not followed
+/// (SQLite's own opens already refuse one at a sidecar).
 fn open_writable(path: &DbPath) -> Result<Connection> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_NOFOLLOW;
     Connection::open_with_flags(&path.file, flags).map_err(|_| Error::Conflict(CONNECTION_FAILED))
 }
 
@@ -400,6 +404,7 @@ impl Store {
             Sidecars::LiveWal => {
                 let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
                     | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_NOFOLLOW
                     | OpenFlags::SQLITE_OPEN_URI;
                 // readonly_shm: SQLite opens -shm read-only too, so not even
                 // its read marks are written (it reads the WAL index into
@@ -951,7 +956,9 @@ impl Store {
             let stopped = Arc::clone(&stop);
             let quick = scope.spawn(move || {
                 // Pages and records only: the scan judges CHECK constraints.
-                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_NOFOLLOW;
                 let mut conn = Connection::open_with_flags(&file, flags).ok()?;
                 conn.busy_timeout(busy).ok()?;
                 // Signals reach the calling thread only: it says when to stop.
