@@ -97,3 +97,57 @@ def test_the_same_calls_uninterrupted_do_their_work(fan: tuple[Path, str], tmp_p
         ledger.cancel(root, subtree=True)
         assert ledger.stats()["by_status"]["running"] == 0
         assert ledger.doctor()["healthy"] is True
+
+
+OPEN = r"""
+import os, signal, sys, threading, time
+from taskwarden import Ledger, LedgerError
+delay = float(sys.argv[2])
+if delay:
+    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    Ledger(sys.argv[1]).close()
+    print("opened", time.monotonic() - started)
+except KeyboardInterrupt:
+    print("interrupted", 0)
+except LedgerError as refused:
+    print("refused:" + type(refused).__name__, 0)
+"""
+
+
+def test_ctrl_c_while_a_peer_file_migrates_is_an_interruption_never_a_refusal(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The migration validates the copy with doctor's checks, which read a
+    failed statement as damage: Ctrl-C there was reported as "legacy
+    database failed validation" and the signal was lost. At every moment
+    of the open, the answer is the interruption (or, near the end, the
+    migrated file), and the file stays usable."""
+    where = tmp_path_factory.mktemp("peer")
+    where.chmod(0o700)
+    peer = where / "peer.db"
+    make_peer_ledger(peer, TASKS)
+
+    def attempt(delay: float) -> tuple[str, float, Path]:
+        db = where / f"try-{delay}.db"
+        shutil.copyfile(peer, db)
+        db.chmod(0o600)
+        done = subprocess.run(
+            [sys.executable, "-c", OPEN, str(db), str(delay)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        outcome, seconds = done.stdout.split()
+        return outcome, float(seconds), db
+
+    outcome, whole, _ = attempt(0.0)
+    assert outcome == "opened"
+    for step in range(1, 10):
+        outcome, _, db = attempt(whole * step / 10)
+        assert outcome in ("interrupted", "opened"), (step, outcome)
+        with Ledger(db) as ledger:
+            assert sum(ledger.stats()["by_status"].values()) == TASKS
+            assert ledger.doctor()["healthy"] is True
