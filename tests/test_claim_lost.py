@@ -120,6 +120,51 @@ def test_a_run_started_without_a_claim_is_fenced_by_its_attempt_alone(ledger: Le
         assert ledger.charge(task.id, **who).allowed is False
     done = ledger.close_task(task.id, "succeeded", attempt=1)
     assert (done.status, done.owner, done.llm_calls_used) == ("succeeded", None, 1)
+    # The run goes on naming itself after it ended: its retry, its delivery.
+    assert ledger.close_task(task.id, "succeeded", attempt=1) == done
+    assert ledger.set_delivery(task.id, "delivered", attempt=1).delivery_status == "delivered"
+    with pytest.raises(ClaimLost):
+        ledger.close_task(task.id, "succeeded", attempt=2)
+    # Parked, it is still that run's to close.
+    parked = ledger.create_task()
+    ledger.start_task(parked.id)
+    ledger.block(parked.id, attempt=1)
+    assert ledger.close_task(parked.id, "cancelled", attempt=1).status == "cancelled"
+
+
+def test_a_task_given_back_to_the_queue_is_held_by_no_run(ledger: Ledger) -> None:
+    """Back in the queue, the attempt count stays until the next run: a fence
+    by that attempt must not close a task nobody runs."""
+    task = ledger.create_task()
+    ledger.start_task(task.id)
+    ledger.transition(task.id, "running", "queued")
+    with pytest.raises(ClaimLost):
+        ledger.close_task(task.id, "cancelled", attempt=1)
+    assert ledger.get_task(task.id).status == "queued"
+
+
+def test_a_move_the_owner_gets_wrong_is_not_a_lost_claim(ledger: Ledger) -> None:
+    """The owner still runs the task: a compare-and-set it got wrong is a
+    conflict, and the README's loop, which moves on at ClaimLost, must not
+    drop a task it owns."""
+    task = ledger.create_task()
+    ledger.claim(task.id, "A")
+    for expected, to in (("blocked", "cancelled"), ("running", "running")):
+        with pytest.raises(StateConflict) as refused:
+            ledger.transition(task.id, expected, to, worker="A", attempt=1)
+        assert type(refused.value) is StateConflict
+    assert ledger.heartbeat(task.id, worker="A", attempt=1).owner == "A"
+
+
+def test_a_claim_through_transition_with_a_stale_attempt_is_a_conflict(ledger: Ledger) -> None:
+    task = ledger.create_task()
+    ledger.claim(task.id, "A")
+    ledger.block(task.id)
+    ledger.requeue(task.id)
+    for who in ({"worker": "B", "attempt": 0}, {"attempt": 0}):
+        with pytest.raises(StateConflict) as refused:
+            ledger.transition(task.id, "queued", "running", **who)
+        assert type(refused.value) is StateConflict
 
 
 def test_a_worker_that_lost_its_task_cannot_decide_its_delivery(

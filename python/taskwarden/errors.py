@@ -43,4 +43,5 @@ class ClaimLost(StateConflict):
     Nothing was written; the worker should stop working on the task.
 
     Unlike its base class it never means "busy" (``LedgerBusy`` is a
-    ``StateConflict`` too) or a move the caller got wrong without a claim."""
+    ``StateConflict`` too), nor a move the caller got wrong while its claim
+    still runs the task."""

@@ -47,16 +47,18 @@ impl Fence {
     /// Refuses a writer whose claim is no longer the current one. A task
     /// without an owner (back in the queue, or closed while it was queued)
     /// is held by no claim: whoever fences it holds one that ended, even
-    /// before the next claim raises the attempt count. A running task
-    /// without an owner (run by `start_task`, or by a `queued -> running`
-    /// transition that named no worker) is held by its attempt alone: only
-    /// `attempt=` can name that claim (SPEC 2.2).
+    /// before the next claim raises the attempt count. A task run without
+    /// an owner (by `start_task`, or by a `queued -> running` transition
+    /// that named no worker) is held by its attempt alone, running, parked
+    /// or ended: only `attempt=` can name that run (SPEC 2.2). Its start
+    /// time tells it from a task that went back to the queue, which loses
+    /// it.
     pub fn check(&self, task: &TaskRow) -> Result<()> {
         if !self.is_given() {
             return Ok(());
         }
         match (&self.worker, task.owner.as_deref()) {
-            (None, None) if task.status == TaskStatus::Running => {}
+            (None, None) if task.started_at.is_some() => {}
             (_, None) => return Err(Error::ClaimLost("no claim holds this task")),
             (Some(worker), Some(owner)) if worker != owner => {
                 return Err(Error::ClaimLost("task is not owned by this worker"));
@@ -80,11 +82,14 @@ impl Fence {
     }
 
     /// A refusal because of the task's status: for a write made for a
-    /// claim, the claim is over ([`Error::ClaimLost`]); otherwise the
-    /// stored state simply does not allow it.
+    /// claim that no longer holds the task running, the claim is over
+    /// ([`Error::ClaimLost`]); otherwise (no claim named, or the caller's
+    /// own claim still runs the task and asked for a move it does not
+    /// allow) the stored state simply does not allow it.
     #[must_use]
-    pub fn status_refusal(&self, why: &'static str) -> Error {
-        if self.is_given() {
+    pub fn status_refusal(&self, task: &TaskRow, why: &'static str) -> Error {
+        let holds = task.status == TaskStatus::Running && self.check(task).is_ok();
+        if self.is_given() && !holds {
             Error::ClaimLost(why)
         } else {
             Error::Conflict(why)
@@ -460,7 +465,7 @@ pub fn heartbeat(
 ) -> Result<TaskRow> {
     let task = get(tx, id)?;
     if task.status != TaskStatus::Running {
-        return Err(fence.status_refusal("only running tasks accept heartbeats"));
+        return Err(fence.status_refusal(&task, "only running tasks accept heartbeats"));
     }
     fence.check(&task)?;
     let now = clock()?;
@@ -522,7 +527,7 @@ pub fn close(
         return Ok(task);
     }
     if task.status.is_terminal() {
-        return Err(fence.status_refusal("task already has a different terminal state"));
+        return Err(fence.status_refusal(&task, "task already has a different terminal state"));
     }
     let code = code.judged()?;
     if let Some(code) = code {
@@ -530,7 +535,9 @@ pub fn close(
     }
     fence.check(&task)?;
     if !fsm::can_transition(task.status, to) {
-        return Err(fence.status_refusal("transition is not allowed from the current status"));
+        return Err(
+            fence.status_refusal(&task, "transition is not allowed from the current status")
+        );
     }
     transition(tx, &task, to, code, fence.worker.as_deref(), clock()?)
 }
@@ -676,7 +683,7 @@ pub fn compare_and_set(
         if makes_claim {
             Error::Conflict(why)
         } else {
-            fence.status_refusal(why)
+            fence.status_refusal(&task, why)
         }
     };
     if task.status != expected {
@@ -692,8 +699,10 @@ pub fn compare_and_set(
     let code = code_for_move(task.status, to, code, fence.worker.as_deref())?;
     if makes_claim {
         // A claim: the worker becomes the owner, so only the attempt the
-        // caller expects is compared.
-        fence.matches_attempt(&task)?;
+        // caller expects is compared; a claim not made is no claim lost.
+        fence
+            .matches_attempt(&task)
+            .map_err(|_| Error::Conflict("the task's current claim is another attempt"))?;
     } else {
         fence.check(&task)?;
     }
