@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taskwarden import Ledger, Task
+from taskwarden import Ledger, Task, TaskNotFound
 
 WORKER = Path(__file__).with_name("_crash_worker.py")
 DURABLE, SCRATCH = "keep", "scratch"
@@ -194,14 +194,21 @@ class Campaign:
 
 
 def _all_tasks(ledger: Ledger) -> dict[str, Task]:
-    tasks: dict[str, Task] = {}
-    after = None
+    """Every task, paged. The round's other workers go on writing, and a
+    purge may remove the task a page ended at: its cursor is then
+    `TaskNotFound` (documented), and the walk starts again."""
     while True:
-        page = ledger.list_tasks(limit=10_000, after=after)
-        tasks.update((t.id, t) for t in page)
-        if len(page) < 10_000:
-            return tasks
-        after = page[-1].id
+        tasks: dict[str, Task] = {}
+        after = None
+        try:
+            while True:
+                page = ledger.list_tasks(limit=10_000, after=after)
+                tasks.update((t.id, t) for t in page)
+                if len(page) < 10_000:
+                    return tasks
+                after = page[-1].id
+        except TaskNotFound:
+            continue
 
 
 def _wait_ready(proc: subprocess.Popen[bytes]) -> None:
