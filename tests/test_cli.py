@@ -18,7 +18,7 @@ import task_state_guard as tsg
 import taskwarden
 from taskwarden import Ledger
 
-from .conftest import run_cli
+from .conftest import FrozenClock, run_cli
 
 
 def test_lifecycle_through_the_cli(db_path: Path) -> None:
@@ -125,6 +125,28 @@ def test_text_format_is_readable(db_path: Path) -> None:
     assert code == 0
     assert "status" in raw and "queued" in raw and "acme" in raw
     assert not raw.lstrip().startswith("{")
+
+
+def test_text_numbers_say_what_the_json_says(db_path: Path) -> None:
+    """Text rounded a timeout of 0.0004 s to 0.000, and wrote 1e300 out in
+    hundreds of digits."""
+    for given, shown in (("0.0004", "0.0004"), ("1e300", "1e+300"), ("900", "900")):
+        code, _, raw = run_cli(
+            "--db", str(db_path), "create", "--timeout-seconds", given, "--format", "text"
+        )
+        assert code == 0, raw
+        (line,) = [line for line in raw.splitlines() if "timeout_seconds" in line]
+        assert line.split()[-1] == shown, line
+
+
+def test_doctor_text_counts_deliveries_too(db_path: Path) -> None:
+    with Ledger(db_path, clock=FrozenClock(1_700_000_000.0)) as ledger:
+        task = ledger.create_task()
+        ledger.close_task(task.id, "cancelled")
+    code, _, raw = run_cli("--db", str(db_path), "doctor", "--format", "text")
+    assert code == 0, raw
+    assert "tasks by status: cancelled 1" in raw
+    assert "deliveries: pending 1" in raw
 
 
 def test_version_and_module_entry_point(db_path: Path) -> None:

@@ -107,13 +107,16 @@ def add_fleet_commands(
     cancel.add_argument(
         "--subtree",
         action="store_true",
-        help="also cancel every task below it that is not finished (stops a runaway tree)",
+        help="also cancel every task below it that is not finished (stops a runaway tree); "
+        "a root that already ended is left as it is, and the answer is the root",
     )
 
     lst = sub.add_parser("list", parents=[common, reading], help="list tasks, oldest first")
     lst.add_argument("--status", choices=_STATUSES, help="only tasks in this status")
     lst.add_argument("--tenant", help="only this tenant's tasks")
-    lst.add_argument("--owner", help="only tasks this worker owns")
+    lst.add_argument(
+        "--owner", help="only tasks this worker holds or held last (owners stay for audit)"
+    )
     lst.add_argument("--parent-id", help="only this task's children")
     lst.add_argument("--limit", type=int, default=100, help="page size, 1-10000 (default 100)")
     lst.add_argument("--after", help="the last id of the previous page (a task that still exists)")
@@ -200,5 +203,11 @@ def fleet_command(opener: Opener) -> Callable[[argparse.Namespace], dict[str, An
 
 def add_fence(command: argparse.ArgumentParser) -> None:
     """--worker and --attempt: the zombie fence of a write."""
-    command.add_argument("--worker", help="refuse unless this worker holds the claim")
-    command.add_argument("--attempt", type=int, help="refuse unless this is the current attempt")
+    command.add_argument(
+        "--worker",
+        help="refuse (ClaimLost) unless this worker's claim holds the task (for an ended "
+        "task: held it last)",
+    )
+    command.add_argument(
+        "--attempt", type=int, help="refuse (ClaimLost) unless this is the task's current attempt"
+    )

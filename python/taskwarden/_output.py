@@ -51,8 +51,14 @@ def _cell(value: Any, key: str = "") -> str:
     if isinstance(value, float) and (key == "at" or key.endswith("_at")):
         return _utc(value)
     if isinstance(value, float):
-        return f"{value:.3f}"
+        return _number(value)
     return str(value)
+
+
+def _number(value: float) -> str:
+    """A float as the JSON line has it in substance: never rounded to zero
+    (a timeout of 0.0004 s read 0.000), never hundreds of digits."""
+    return f"{value:.12g}"
 
 
 def _utc(seconds: float) -> str:
@@ -61,7 +67,7 @@ def _utc(seconds: float) -> str:
     try:
         return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     except (OverflowError, OSError, ValueError):
-        return f"{seconds:.3f}"
+        return _number(seconds)
 
 
 def _task_row(task: dict[str, Any]) -> dict[str, Any]:
@@ -168,8 +174,12 @@ def doctor_text(report: dict[str, Any]) -> list[str]:
     lines += [
         f"  {key.removesuffix('_count').replace('_', ' ')}: {n}" for key, n in problems.items()
     ]
-    counts = ", ".join(f"{k} {v}" for k, v in report["task_status_counts"].items() if v)
-    lines.append(f"tasks by status: {counts or 'none'}")
+    for label, key in (
+        ("tasks by status", "task_status_counts"),
+        ("deliveries", "delivery_status_counts"),
+    ):
+        counts = ", ".join(f"{k} {v}" for k, v in report.get(key, {}).items() if v)
+        lines.append(f"{label}: {counts or 'none'}")
     return lines
 
 
