@@ -24,17 +24,28 @@ TASKS = 60_000
 
 
 @pytest.fixture(scope="module")
-def fan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A migrated ledger of ``TASKS`` tasks, every one a child of the first:
-    half of them running and silent for an hour (reconcile times them out)."""
-    where = tmp_path_factory.mktemp("fan")
+def peer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A task-state-guard file of ``TASKS`` tasks, every one a child of the
+    first: half of them running and silent for an hour (reconcile times
+    them out)."""
+    where = tmp_path_factory.mktemp("peer")
     where.chmod(0o700)
-    path = where / "fan.db"
+    path = where / "peer.db"
     make_peer_ledger(path, TASKS)
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
         root = conn.execute("SELECT id FROM tasks WHERE rowid = 1").fetchone()[0]
         conn.execute("UPDATE tasks SET parent_id = ?1 WHERE rowid > 1", (root,))
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path, root
+
+
+@pytest.fixture(scope="module")
+def fan(peer: tuple[Path, str]) -> tuple[Path, str]:
+    """The same tasks, migrated."""
+    source, root = peer
+    path = source.with_name("fan.db")
+    shutil.copyfile(source, path)
+    path.chmod(0o600)
     Ledger(path).close()
     return path, root
 
@@ -117,21 +128,19 @@ except LedgerError as refused:
 
 
 def test_ctrl_c_while_a_peer_file_migrates_is_an_interruption_never_a_refusal(
-    tmp_path_factory: pytest.TempPathFactory,
+    peer: tuple[Path, str], tmp_path: Path
 ) -> None:
     """The migration validates the copy with doctor's checks, which read a
     failed statement as damage: Ctrl-C there was reported as "legacy
     database failed validation" and the signal was lost. At every moment
     of the open, the answer is the interruption (or, near the end, the
     migrated file), and the file stays usable."""
-    where = tmp_path_factory.mktemp("peer")
-    where.chmod(0o700)
-    peer = where / "peer.db"
-    make_peer_ledger(peer, TASKS)
+    source, _ = peer
+    tmp_path.chmod(0o700)
 
     def attempt(delay: float) -> tuple[str, float, Path]:
-        db = where / f"try-{delay}.db"
-        shutil.copyfile(peer, db)
+        db = tmp_path / f"try-{delay}.db"
+        shutil.copyfile(source, db)
         db.chmod(0o600)
         done = subprocess.run(
             [sys.executable, "-c", OPEN, str(db), str(delay)],

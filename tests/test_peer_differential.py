@@ -1176,14 +1176,7 @@ def test_constructor_validation(base: Path, case: str, path: Any, kwargs: dict[s
 
 # -- the CLI: same argv, same exit code and JSON ------------------------------------
 
-CLI_TIME_KEYS = {
-    "created_at",
-    "started_at",
-    "updated_at",
-    "ended_at",
-    "deadline_at",
-    "delivery_updated_at",
-}
+CLI_TIME_KEYS = {name for name in PEER_TASK_FIELDS if name.endswith("_at")}
 # Spellings of a number both CLIs must refuse (or, for "nan", judge alike).
 CLI_BAD_NUMBERS = ["nan", "inf", "-1", "1e400", "abc", "", " 5"]
 CLI_FLOATS = ["0", "3600", "600", "86400", "0.0", "0", "600", "86400", "1e9"]

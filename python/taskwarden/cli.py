@@ -1,12 +1,4 @@
-"""taskwarden: the task-state ledger for AI-agent fleets, from the shell.
-
-Every command prints one line of JSON with sorted keys (or a readable table
-with --format text; an error's text also says why). Exit codes: 0 ok, 1
-unhealthy doctor, 2 ledger error (bad input, conflict, busy, missing task), 3
-internal error (or an answer that could not be written), 130 interrupted
-(Ctrl-C). Rejected arguments are never echoed back, and bad input writes
-nothing: not even a new file.
-"""
+"""The taskwarden CLI (its help text is ``ABOUT`` and ``OUTPUTS`` below)."""
 
 from __future__ import annotations
 

@@ -46,10 +46,6 @@ pub enum Error {
     Interrupted(PyErr),
 }
 
-/// What an interrupted statement reports: only the progress handler
-/// (`busy::install_progress`) interrupts one, for a signal it keeps.
-pub const INTERRUPTED: &str = "operation interrupted";
-
 /// The `Result` of the core.
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -96,7 +92,7 @@ impl From<rusqlite::Error> for Error {
             Some(ErrorCode::SystemIoFailure) => Error::Storage("i/o error"),
             Some(ErrorCode::CannotOpen) => Error::Conflict("database connection failed"),
             Some(ErrorCode::OutOfMemory) => Error::Storage("out of memory"),
-            Some(ErrorCode::OperationInterrupted) => Error::Storage(INTERRUPTED),
+            Some(ErrorCode::OperationInterrupted) => Error::Storage("operation interrupted"),
             Some(_) => Error::Storage("database operation failed"),
             // A stored value of the wrong type or invalid text is damage in
             // the file, not a bug here: a clean conflict, never exit 3.

@@ -950,7 +950,6 @@ impl Store {
         };
         let file = path.file.clone();
         let busy = Duration::from_millis(u64::from(self.busy_timeout_ms));
-        self.interruption.forget();
         let stop = Arc::new(AtomicBool::new(false));
         std::thread::scope(|scope| {
             let stopped = Arc::clone(&stop);
