@@ -462,6 +462,19 @@ def test_charge_as_text(db_path: Path, tasks: list[str]) -> None:
     assert get(db_path, tasks[0])["tokens_used"] == 5
 
 
+def test_budget_as_text_is_headed_budget(db_path: Path, tasks: list[str]) -> None:
+    """``budget`` charges nothing, so its text is not headed ``charge:``;
+    its JSON key stays ``charge``, which scripts read."""
+    ok(db_path, "claim", tasks[0], "--worker", "w1")
+    ok(db_path, "charge", tasks[0], "--tokens", "5", "--worker", "w1")
+    code, parsed, raw = cli(db_path, "budget", tasks[0], "--format", "text")
+    assert code == 0 and parsed is None
+    assert raw.splitlines()[0] == "budget:"
+    assert "  tokens_used" in raw and "charge" not in raw
+    figures = ok(db_path, "budget", tasks[0])
+    assert set(figures) == {"ok", "charge"} and figures["charge"]["tokens_used"] == 5
+
+
 def test_errors_as_text_are_not_json(db_path: Path, tasks: list[str]) -> None:
     code, parsed, raw = cli(db_path, "requeue", tasks[0], "--format", "text")
     assert code == 2 and parsed is None

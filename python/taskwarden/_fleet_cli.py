@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _core
+from ._output import render
 from .compat import TASK_REASON_CODES
 from .ledger import Ledger
 from .models import TaskStatus
@@ -144,6 +145,13 @@ def _charge(result: Any) -> dict[str, Any]:
     return {"ok": True, "charge": result.to_dict()}
 
 
+def _budget(figures: Any) -> dict[str, Any]:
+    """The figures under JSON's ``charge`` key, which scripts already read;
+    text heads them ``budget:``, as nothing was charged."""
+    shown = figures.to_dict()
+    return {"ok": True, "charge": shown, "_explain": render({"budget": shown}, "text").splitlines()}
+
+
 def _park(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
     park = ledger.block if args.command == "block" else ledger.escalate
     typed = given(code=args.code)
@@ -165,7 +173,7 @@ _RUNS: dict[str, Run] = {
             attempt=a.attempt,
         )
     ),
-    "budget": lambda a, lg: _charge(lg.budget(a.task_id)),
+    "budget": lambda a, lg: _budget(lg.budget(a.task_id)),
     "grant": lambda a, lg: task_answer(
         lg.grant(a.task_id, calls=a.calls, tokens=a.tokens, cost_micros=a.cost_micros)
     ),
