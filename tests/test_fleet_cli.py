@@ -125,6 +125,33 @@ def test_claim_next_when_nothing_is_queued_and_bad_limits(db_path: Path, tasks: 
     fails(db_path, "InvalidInput", "claim-next", "--worker", "w1", "--tenant", "no tenant")
 
 
+def _as_text(db: Path, *argv: str) -> tuple[int, str]:
+    code, _, raw = cli(db, *argv, "--format", "text")
+    return code, raw
+
+
+def test_an_empty_claim_says_so_in_text(db_path: Path, tasks: list[str]) -> None:
+    """A claim that took nothing read ``task: -`` (or ``tasks: 0``) in text;
+    it says so plainly now, and its JSON is unchanged."""
+    ok(db_path, "claim", tasks[0], "--worker", "w1")
+    assert _as_text(db_path, "claim", tasks[0], "--worker", "w2") == (
+        0,
+        "claimed: none (the task is not queued)\n",
+    )
+    code, raw = _as_text(db_path, "claim-next", "--worker", "w2", "--tenant", "beta")
+    assert code == 0 and raw.startswith("tasks: 1\nID ")  # a claim that took one
+    ok(db_path, "claim-next", "--worker", "w2", "--limit", "10")
+    assert _as_text(db_path, "claim-next", "--worker", "w2") == (
+        0,
+        "claimed: none (no queued task)\n",
+    )
+    assert _as_text(db_path, "claim-next", "--worker", "w2", "--tenant", "acme") == (
+        0,
+        "claimed: none (no queued task of this tenant)\n",
+    )
+    assert ok(db_path, "claim-next", "--worker", "w2") == {"ok": True, "tasks": []}
+
+
 def test_release(db_path: Path, tasks: list[str]) -> None:
     ok(db_path, "claim", tasks[0], "--worker", "w1")
     fails(db_path, "ClaimLost", "release", tasks[0], "--worker", "w2")

@@ -133,6 +133,24 @@ def _tasks(tasks: list[Any]) -> dict[str, Any]:
     return {"ok": True, "tasks": [t.to_dict() for t in tasks]}
 
 
+def _claimed(task: Any) -> dict[str, Any]:
+    """``claim``'s answer; in text, a claim that took nothing says so
+    plainly (its JSON keeps ``"task": null``)."""
+    answer = task_answer(task)
+    if task is None:
+        answer["_explain"] = ["claimed: none (the task is not queued)"]
+    return answer
+
+
+def _claimed_next(tasks: list[Any], tenant: str | None) -> dict[str, Any]:
+    """``claim-next``'s answer; in text, an empty claim says why."""
+    answer = _tasks(tasks)
+    if not tasks:
+        whose = " of this tenant" if tenant is not None else ""
+        answer["_explain"] = [f"claimed: none (no queued task{whose})"]
+    return answer
+
+
 def given(**options: Any) -> dict[str, Any]:
     """The options a user typed: the API's defaults apply to the others."""
     return {name: value for name, value in options.items() if value is not None}
@@ -160,8 +178,10 @@ def _park(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
 
 # Each fleet command's call on an open ledger, by command name.
 _RUNS: dict[str, Run] = {
-    "claim": lambda a, lg: task_answer(lg.claim(a.task_id, a.worker)),
-    "claim-next": lambda a, lg: _tasks(lg.claim_next(a.worker, tenant=a.tenant, limit=a.limit)),
+    "claim": lambda a, lg: _claimed(lg.claim(a.task_id, a.worker)),
+    "claim-next": lambda a, lg: _claimed_next(
+        lg.claim_next(a.worker, tenant=a.tenant, limit=a.limit), a.tenant
+    ),
     "release": lambda a, lg: task_answer(lg.release(a.task_id, a.worker, attempt=a.attempt)),
     "charge": lambda a, lg: _charge(
         lg.charge(
