@@ -77,6 +77,10 @@ def test_errors_map_to_exit_codes(db_path: Path) -> None:
 
 
 SECRET = "SECRET-7f3a"
+SOME_ID = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+NOT_AN_AMOUNT = "must be a non-negative 64-bit integer"
+NOT_SECONDS = "must be a finite nonnegative number"
+NOT_A_NAME = "must be 1-128 characters of [A-Za-z0-9._:@-]"
 # (argv after --db, the reason a person reading --format text is given)
 REFUSAL_REASONS: list[tuple[list[str], str]] = [
     (["get"], "the following arguments are required: task_id"),
@@ -89,8 +93,32 @@ REFUSAL_REASONS: list[tuple[list[str], str]] = [
     ),
     (["create", "--bogus", SECRET], "unrecognized arguments"),
     (["create", "--tenant", f"a/{SECRET}"], "tenant and worker names must be 1-128 characters"),
-    (["list", "--limit", "0"], "limit must be between 1 and 10000"),
-    (["create", "--max-attempts", "-1"], "max_attempts must be a non-negative 64-bit integer"),
+    (["list", "--limit", "0"], "--limit must be between 1 and 10000"),
+    # The core's own refusals name the flag that was typed, not the API's parameter.
+    (
+        ["create", "--payload-sha256", SECRET],
+        "--payload-sha256 must be a lowercase SHA-256 hex digest",
+    ),
+    (["create", "--llm-calls-budget", "-1"], f"--llm-calls-budget {NOT_AN_AMOUNT}"),
+    (["create", "--token-budget", "-1"], f"--token-budget {NOT_AN_AMOUNT}"),
+    (["create", "--cost-budget-micros", "-1"], f"--cost-budget-micros {NOT_AN_AMOUNT}"),
+    (["create", "--max-attempts", "-1"], f"--max-attempts {NOT_AN_AMOUNT}"),
+    (["create", "--timeout-seconds", "-1"], f"--timeout-seconds {NOT_SECONDS}"),
+    (["heartbeat", SOME_ID, "--attempt", "-1"], f"--attempt {NOT_AN_AMOUNT}"),
+    (["charge", SOME_ID, "--calls", "-1"], f"--calls {NOT_AN_AMOUNT}"),
+    (["charge", SOME_ID, "--tokens", "-1"], f"--tokens {NOT_AN_AMOUNT}"),
+    (["grant", SOME_ID, "--cost-micros", "-1"], f"--cost-micros {NOT_AN_AMOUNT}"),
+    (["block", SOME_ID, "--code", SECRET], "--code must be 1-64 lowercase"),
+    (["claim-next", "--worker", "w", "--limit", "0"], "--limit must be between 1 and 10000"),
+    (["list", "--tenant", f"a/{SECRET}"], f"--tenant {NOT_A_NAME}"),
+    (["list", "--owner", f"a/{SECRET}"], f"--owner {NOT_A_NAME}"),
+    (["list", "--parent-id", SECRET], "--parent-id must be a task id (a UUID)"),
+    (["list", "--after", SECRET], "--after must be a task id (a UUID)"),
+    (["reconcile", "--active-grace-seconds", "-1"], f"--active-grace-seconds {NOT_SECONDS}"),
+    (["reconcile", "--delivery-grace-seconds", "-1"], f"--delivery-grace-seconds {NOT_SECONDS}"),
+    (["reconcile", "--worker-lost", f"a/{SECRET}"], f"--worker-lost {NOT_A_NAME}"),
+    (["purge", "--older-than-seconds", "-1"], f"--older-than-seconds {NOT_SECONDS}"),
+    (["--busy-timeout-ms", "-1", "get", SOME_ID], "--busy-timeout-ms must be nonnegative"),
 ]
 
 
@@ -257,8 +285,8 @@ def test_a_peer_file_over_the_copys_cap_is_refused_for_that_reason(
 ) -> None:
     """A reading command reads a task-state-guard file through a private
     copy: a file over the copy's cap is refused with that reason (which
-    names --snapshot-max-mib), not as a file that may not be migrated, and
-    a larger cap reads it."""
+    names --snapshot-max-mib, not the API's snapshot_max_bytes), not as a
+    file that may not be migrated, and a larger cap reads it."""
     peer_file = tmp_path / "peer.db"
     task = tsg.Ledger(peer_file).create_task()
     with contextlib.closing(sqlite3.connect(peer_file)) as conn:  # 2 MiB of free pages
@@ -270,6 +298,7 @@ def test_a_peer_file_over_the_copys_cap_is_refused_for_that_reason(
     refused = _read(peer_file, argv, task.id, "--snapshot-max-mib", "1", "--format", "text")
     assert refused[0] == 2
     assert "--snapshot-max-mib" in refused[2] and "migrate" not in refused[2]
+    assert "snapshot_max_bytes" not in refused[2]
     code, out, _ = _read(peer_file, argv, task.id, "--snapshot-max-mib", "8")
     assert code == 0 and out.get("ok", True) is True, out
 

@@ -52,6 +52,53 @@ def _without_values(message: str) -> str:
     return "invalid command-line arguments"
 
 
+# The API parameters a ledger refusal begins with ("limit must be between
+# 1 and 10000"), each with the flag a CLI user types for it: the library's
+# words name its parameters, the CLI's must name its flags.
+_FLAG_OF_PARAMETER = {
+    "payload_hash": "--payload-sha256",
+    **{
+        name: "--" + name.replace("_", "-")
+        for name in (
+            "llm_calls_budget",
+            "token_budget",
+            "cost_budget_micros",
+            "max_attempts",
+            "timeout_seconds",
+            "attempt",
+            "calls",
+            "tokens",
+            "cost_micros",
+            "code",
+            "limit",
+            "tenant",
+            "owner",
+            "parent_id",
+            "after",
+            "active_grace_seconds",
+            "delivery_grace_seconds",
+            "worker_lost",
+            "older_than_seconds",
+            "busy_timeout_ms",
+        )
+    },
+}
+# The one refusal that names the API parameter beside the flag.
+_CAP_NAMED_TWICE = ("(snapshot_max_bytes, CLI --snapshot-max-mib)", "(--snapshot-max-mib)")
+
+
+def in_flags(reason: str) -> str:
+    """A ledger refusal's reason as the CLI user reads it: the parameter it
+    begins with becomes the flag typed for it. Only a name followed by its
+    rule ("must ...", "is ...") is one parameter: "tenant and worker names
+    must ..." stays as it is."""
+    reason = reason.replace(*_CAP_NAMED_TWICE)
+    name, _, rule = reason.partition(" ")
+    if name in _FLAG_OF_PARAMETER and rule.startswith(("must ", "is ")):
+        return f"{_FLAG_OF_PARAMETER[name]} {rule}"
+    return reason
+
+
 def common_options() -> argparse.ArgumentParser:
     """--format and --db, taken after the command as well as before it
     (unset ones keep what was given before: argparse would otherwise let

@@ -21,6 +21,7 @@ from ._parser import (
     add_lifecycle_commands,
     add_recovery_commands,
     common_options,
+    in_flags,
     reading_options,
     snapshot_bytes,
 )
@@ -287,10 +288,11 @@ def _format_asked(argv: Sequence[str]) -> str:
 def _refusal(exc: LedgerError, fmt: str) -> dict[str, Any]:
     """The peer's JSON line names the error class only. A person reading
     --format text also gets the reason: every ledger message is fixed text
-    that holds no id, path or value (SPEC 2.4), argparse's is cut to one."""
+    that holds no id, path or value (SPEC 2.4), argparse's is cut to one,
+    and it names the flag the person typed, not the API's parameter."""
     payload: dict[str, Any] = {"ok": False, "error": type(exc).__name__}
     if fmt == "text" and str(exc):
-        payload["reason"] = str(exc)
+        payload["reason"] = in_flags(str(exc))
     return payload
 
 
