@@ -403,6 +403,13 @@ pub fn verify_wal_name(path: &DbPath, wal: &File) -> Result<()> {
     }
 }
 
+/// The device and inode of the file at `name` now, if one is there (by
+/// `lstat`: a link is a file of its own).
+#[must_use]
+pub fn key_at(name: &Path) -> Option<(u64, u64)> {
+    fs::symlink_metadata(name).ok().map(|m| (m.dev(), m.ino()))
+}
+
 /// The name of the ledger's sidecar with `suffix` (`-wal`, `-shm`, ...).
 pub fn sidecar(path: &DbPath, suffix: &str) -> PathBuf {
     let mut name = path.file.as_os_str().to_owned();

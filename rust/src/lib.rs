@@ -29,6 +29,7 @@ mod reconcile;
 mod replay;
 mod retention;
 mod schema;
+mod sidecar_loss;
 mod snapshot;
 mod store;
 mod task;

@@ -4,7 +4,6 @@
 //! domain modules, through the transactions it hands them) know the ledger
 //! is SQLite.
 
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +19,7 @@ use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
 use crate::reconcile;
 use crate::schema::{self, DamagedRows, Found};
+use crate::sidecar_loss::{self, Loss};
 use crate::snapshot;
 use crate::turnstile::Turnstile;
 use crate::wal_flush;
@@ -234,9 +234,12 @@ enum Backing {
 pub struct Store {
     conn: Connection,
     /// Our own handle on the WAL the connection writes (files only); see
-    /// [`Store::reopen_if_wal_unlinked`] and `wal_flush`. Declared after
+    /// [`Store::replace_connection_if_sidecars_lost`] and `wal_flush`. Declared after
     /// `conn`, so it is released after the connection.
     wal: Option<wal_flush::Pacer>,
+    /// The `-shm` the connection keeps its WAL locks and index in, as found
+    /// when it opened (files only); see `sidecar_loss`.
+    shm: Option<sidecar_loss::Key>,
     /// This handle's use of the process's one descriptor on the file,
     /// released after `conn` (declared after it): see `held_files`.
     file_lease: Option<Lease>,
@@ -255,6 +258,40 @@ pub struct Store {
     /// This handle's turn for the write lock, while it holds one.
     turnstile: Turnstile,
     durability: Durability,
+}
+
+/// Why a call was refused on a handle whose WAL someone deleted, while
+/// the commits it held could not yet be copied into the database file.
+pub const WAL_DELETED_NOT_COPIED: &str = "the ledger's WAL was deleted while open, and its \
+     commits are not yet copied into the database file: readers kept it busy; retry";
+
+impl Drop for Store {
+    /// A connection whose sidecars were lost must not close as SQLite's
+    /// last one would: that copied a stale WAL over the file and deleted
+    /// the WAL at the name, another connection's. What a WAL deleted by
+    /// hand holds is kept first, and then the close may run as usual: it
+    /// has nothing left to copy, and when it is the last it clears the
+    /// sidecars left behind (see `sidecar_loss`). A handle already closing
+    /// without a checkpoint (a forked child's) is left alone.
+    fn drop(&mut self) {
+        let loss = self.sidecar_loss();
+        let closing_plainly = self
+            .conn
+            .db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE)
+            .unwrap_or(true);
+        if loss == Loss::None || closing_plainly {
+            return;
+        }
+        // Nothing can be reported from a close; the copy is best effort.
+        if loss == (Loss::WalUnlinked { copy_first: true })
+            && self.keep_what_the_lost_wal_holds(loss).is_ok()
+        {
+            return;
+        }
+        let _ = self
+            .conn
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
+    }
 }
 
 /// What `storage_info` reports.
@@ -313,6 +350,7 @@ impl Store {
         fsguard::verify_identity(&path, identity)?;
         fsguard::secure_sidecars(&path, true)?;
         store.wal = Some(wal_flush::Pacer::new(fsguard::open_wal(&path)?));
+        store.shm = sidecar_loss::shm_key(&path);
         Ok(store)
     }
 
@@ -526,6 +564,7 @@ impl Store {
         Store {
             conn,
             wal: None,
+            shm: None,
             file_lease,
             names_checked: None,
             backing,
@@ -731,7 +770,7 @@ impl Store {
         // Sidecars as at open: a link made since is refused, a mode
         // loosened since is tightened (a read-only handle touches nothing).
         fsguard::secure_sidecars(path, matches!(self.backing, Backing::File { .. }))?;
-        self.reopen_if_wal_unlinked()?;
+        self.replace_connection_if_sidecars_lost()?;
         // Stamped as the directory was *before* the names were checked: a
         // change made meanwhile shows at the next call.
         self.names_checked = DirStamp::settled(&parent).map(|stamp| (stamp, Instant::now()));
@@ -762,32 +801,34 @@ impl Store {
         }
     }
 
-    /// SQLite deletes a WAL when its last connection closes, and judges
-    /// "last" by the POSIX locks of the process. Another copy of SQLite in
-    /// this process (Python's `sqlite3`, say) closing its connection to the
-    /// ledger therefore takes itself for the last one: it checkpoints
-    /// everything committed into the database file, then unlinks the WAL
-    /// and `-shm` under this connection, which would go on committing into
-    /// a file nobody else sees and that is gone on a crash.
-    ///
-    /// So before a call (once the directory shows a change): if our handle
-    /// on the WAL shows no name left, the connection is replaced. The old
-    /// one is closed without a checkpoint (its WAL and shared-memory views
-    /// are stale, and copying them back could overwrite newer pages) and
-    /// before the new one opens, as closing releases the process's locks on
-    /// the file.
-    fn reopen_if_wal_unlinked(&mut self) -> Result<()> {
-        let unlinked = self
-            .wal
-            .as_ref()
-            .is_some_and(|wal| wal.wal().metadata().map_or(true, |m| m.nlink() == 0));
+    /// What became of the sidecars this connection uses (`sidecar_loss`).
+    fn sidecar_loss(&self) -> Loss {
+        match (&self.backing, &self.wal) {
+            (Backing::File { path, .. }, Some(wal)) => {
+                sidecar_loss::judge(path, wal.wal(), self.shm)
+            }
+            _ => Loss::None,
+        }
+    }
+
+    /// Before a call (once the directory shows a change): if our WAL has
+    /// no name left, or the `-shm` at its name is not the one we opened,
+    /// the connection is replaced (see `sidecar_loss` for how either
+    /// happens). The old one first copies its WAL's commits into the
+    /// database file where that is safe, then closes without a last
+    /// connection's checkpoint and WAL removal (its views are stale, and a
+    /// WAL at the name now is another's) before the new one opens, as
+    /// closing releases the process's locks on the file.
+    fn replace_connection_if_sidecars_lost(&mut self) -> Result<()> {
+        let loss = self.sidecar_loss();
         let Backing::File { path, .. } = &self.backing else {
             return Ok(());
         };
-        if !unlinked {
+        if loss == Loss::None {
             return Ok(());
         }
         let path = path.clone();
+        self.keep_what_the_lost_wal_holds(loss)?;
         self.conn
             .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
         let stale = std::mem::replace(&mut self.conn, Connection::open_in_memory()?);
@@ -797,6 +838,29 @@ impl Store {
         self.ensure_wal()?;
         fsguard::secure_sidecars(&path, true)?;
         self.wal = Some(wal_flush::Pacer::new(fsguard::open_wal(&path)?));
+        self.shm = sidecar_loss::shm_key(&path);
+        Ok(())
+    }
+
+    /// For a WAL deleted by hand: copies every commit it holds into the
+    /// database file, so they outlive it. The checkpoint waits for readers
+    /// (RESTART): the next writer then starts the WAL at the name afresh,
+    /// with a header, instead of adding frames after the ones it lacks. A
+    /// copy that cannot finish refuses the call and is tried again at the
+    /// next.
+    fn keep_what_the_lost_wal_holds(&mut self, loss: Loss) -> Result<()> {
+        if loss != (Loss::WalUnlinked { copy_first: true }) {
+            return Ok(());
+        }
+        let (busy, frames, copied): (i64, i64, i64) = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .map_err(|e| self.interruption.explain(e.into()))?;
+        if busy != 0 || copied < frames {
+            return Err(Error::Conflict(WAL_DELETED_NOT_COPIED));
+        }
         Ok(())
     }
 

@@ -1,0 +1,156 @@
+"""Sidecars deleted by hand while a ledger is open (a clean-up of "stale lock
+files" while workers run): no task gets two owners, no acknowledged write is
+lost where the file still holds it, and the file stays healthy for doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskwarden import ClaimLost, Ledger
+
+from .conftest import held_open, run_cli
+
+# A second worker process: opens the ledger after the deletion, tells the
+# test it is ready, then claims one task at a time when told to.
+_SECOND_WORKER = """
+import json, sys
+from taskwarden import ClaimLost, Ledger
+claimed = []
+with Ledger(sys.argv[1]) as ledger:
+    print("ready", flush=True)
+    for line in sys.stdin:
+        claimed += [t.id for t in ledger.claim_next("second")]
+        print("claimed", flush=True)
+print(json.dumps(claimed), flush=True)
+"""
+
+
+def _healthy(db: Path) -> bool:
+    code, report, _ = run_cli("--db", str(db), "doctor")
+    return code == 0 and report["healthy"] is True
+
+
+def _owners(db: Path, ids: list[str]) -> list[str | None]:
+    with Ledger(db, read_only=True) as reader:
+        return [reader.get_task(i).owner for i in ids]
+
+
+def test_a_deleted_shm_does_not_let_two_workers_claim_one_task(tmp_path: Path) -> None:
+    """The second process makes a new `-shm` and no longer sees the first
+    handle's locks; the first handle notices at its next call and opens
+    again, so the two still take turns."""
+    db = tmp_path / "ledger.db"
+    first = Ledger(db)
+    for _ in range(60):
+        first.create_task()
+    Path(f"{db}-shm").unlink()
+    mine: list[str] = []
+    with subprocess.Popen(
+        [sys.executable, "-c", _SECOND_WORKER, str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as second:
+        assert second.stdin is not None and second.stdout is not None
+        assert second.stdout.readline().strip() == "ready"
+        for _ in range(30):  # interleaved: one claim each, in turn
+            mine += [t.id for t in first.claim_next("first")]
+            second.stdin.write("next\n")
+            second.stdin.flush()
+            assert second.stdout.readline().strip() == "claimed"
+        second.stdin.close()
+        theirs = json.loads(second.stdout.readline())
+        assert second.wait(timeout=60) == 0
+    first.close()
+    assert len(mine) == len(theirs) == 30
+    assert not set(mine) & set(theirs)
+    assert _owners(db, mine) == ["first"] * 30
+    assert _owners(db, theirs) == ["second"] * 30
+    assert _healthy(db)
+
+
+@pytest.mark.parametrize("deleted", [["-wal"], ["-wal", "-shm"]], ids=["wal", "wal_and_shm"])
+@pytest.mark.parametrize("then", ["call", "close"])
+def test_claims_in_a_deleted_wal_are_kept(tmp_path: Path, deleted: list[str], then: str) -> None:
+    """Claims committed to a WAL someone deletes are copied into the file by
+    the handle that wrote them, at its next call or at its close."""
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as setup:
+        for _ in range(20):
+            setup.create_task()
+    worker = Ledger(db)  # a fresh WAL: the tasks are in the file itself
+    claimed = [t.id for t in worker.claim_next("w", limit=10)]
+    assert Path(f"{db}-wal").stat().st_size > 0
+    for suffix in deleted:
+        Path(f"{db}{suffix}").unlink()
+    if then == "call":
+        assert worker.heartbeat(claimed[0], worker="w").status == "running"
+    worker.close()
+    assert _owners(db, claimed) == ["w"] * 10
+    assert _healthy(db)
+
+
+_OPEN_READER = """
+import sys
+from taskwarden import Ledger
+with Ledger(sys.argv[1]) as ledger:
+    ledger.stats()
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_claims_in_a_deleted_wal_are_kept_while_a_newcomer_has_the_ledger_open(
+    tmp_path: Path,
+) -> None:
+    """A process that opened the ledger after the deletion (new sidecars)
+    and only read it: the closing writer is not SQLite's last connection,
+    which would have copied its WAL in, and still keeps its claims."""
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as setup:
+        for _ in range(20):
+            setup.create_task()
+    worker = Ledger(db)
+    claimed = [t.id for t in worker.claim_next("w", limit=10)]
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink()
+    with held_open(_OPEN_READER, str(db)):
+        worker.close()
+    assert _owners(db, claimed) == ["w"] * 10
+    assert _healthy(db)
+
+
+def test_a_deleted_wal_is_not_copied_over_a_file_written_since(tmp_path: Path) -> None:
+    """WAL and `-shm` both deleted, then another process writes the file
+    (and, closing as its last user, copies its own WAL in): copying the
+    first handle's older pages over the newer ones would damage the file,
+    so they are not copied. Its claims are lost (as documented), the
+    other process's task is kept and the file stays healthy."""
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as setup:
+        for _ in range(20):
+            setup.create_task()
+    worker = Ledger(db)
+    claimed = [t.id for t in worker.claim_next("w", limit=10)]
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "taskwarden", "--db", str(db), "create"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    answer = json.loads(done.stdout)
+    with pytest.raises(ClaimLost):  # its claim went with the WAL
+        worker.heartbeat(claimed[0], worker="w")
+    worker.close()
+    with Ledger(db, read_only=True) as reader:
+        assert reader.get_task(answer["task"]["id"]).status == "queued"
+    assert _owners(db, claimed) == [None] * 10
+    assert _healthy(db)
