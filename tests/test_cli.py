@@ -117,6 +117,10 @@ REFUSAL_REASONS: list[tuple[list[str], str]] = [
     (["reconcile", "--active-grace-seconds", "-1"], f"--active-grace-seconds {NOT_SECONDS}"),
     (["reconcile", "--delivery-grace-seconds", "-1"], f"--delivery-grace-seconds {NOT_SECONDS}"),
     (["reconcile", "--worker-lost", f"a/{SECRET}"], f"--worker-lost {NOT_A_NAME}"),
+    (  # a second one used to replace the first in silence
+        ["reconcile", "--worker-lost", "w1", "--worker-lost", SECRET],
+        "argument --worker-lost: may be given once (run it once per value)",
+    ),
     (["purge", "--older-than-seconds", "-1"], f"--older-than-seconds {NOT_SECONDS}"),
     (["--busy-timeout-ms", "-1", "get", SOME_ID], "--busy-timeout-ms must be nonnegative"),
 ]

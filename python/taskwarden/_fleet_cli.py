@@ -116,7 +116,9 @@ def add_fleet_commands(
     lst.add_argument("--status", choices=_STATUSES, help="only tasks in this status")
     lst.add_argument("--tenant", help="only this tenant's tasks")
     lst.add_argument(
-        "--owner", help="only tasks this worker holds or held last (owners stay for audit)"
+        "--owner",
+        help="only tasks this worker holds, or held when they were parked or ended "
+        "(a task back in the queue has no owner)",
     )
     lst.add_argument("--parent-id", help="only this task's children")
     lst.add_argument("--limit", type=int, default=100, help="page size, 1-10000 (default 100)")

@@ -32,7 +32,17 @@ class SafeArgumentParser(argparse.ArgumentParser):
 
 
 # argparse complaints that name only this parser's own arguments.
-_VALUE_FREE = ("expected one argument", "not allowed with argument ")
+_VALUE_FREE = ("expected one argument", "not allowed with argument ", "may be given once")
+
+
+class _GivenOnce(argparse.Action):
+    """An option that argparse would let a second use overwrite in silence:
+    `--worker-lost a --worker-lost b` acted on b alone."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        if getattr(namespace, self.dest) is not None:
+            raise argparse.ArgumentError(self, "may be given once (run it once per value)")
+        setattr(namespace, self.dest, values)
 
 
 def _without_values(message: str) -> str:
@@ -215,8 +225,10 @@ def add_recovery_commands(
     )
     rec.add_argument(
         "--worker-lost",
-        help="also time out this worker's running tasks now (the graces still apply to "
-        "all tasks: give large ones to act on this worker's alone)",
+        action=_GivenOnce,
+        help="also time out this worker's running tasks now; the pass still times out "
+        "every task past its deadline or silent past the grace, whoever runs it "
+        "(one worker per pass)",
     )
     rec.add_argument("--tenant", help="only this tenant's tasks")
     _add_snapshot_cap(rec, "largest file a dry run copies into memory")

@@ -39,8 +39,9 @@ OUTPUTS = """Every command prints one line of JSON with sorted keys (or a readab
 with --format text; an error's text also says why). Exit codes: 0 ok, 1
 unhealthy doctor, 2 ledger error (bad input, conflict, busy, missing task), 3
 internal error (or an answer that could not be written), 130 interrupted
-(Ctrl-C). Rejected arguments are never echoed back, and bad input writes
-nothing: not even a new file."""
+(Ctrl-C). Rejected arguments are never echoed back. Input the arguments
+alone show to be bad writes nothing, not even a new file; a reason code is
+judged after the open, against the stored task, as the peer does."""
 
 
 def build_parser() -> argparse.ArgumentParser:

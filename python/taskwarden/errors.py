@@ -33,7 +33,11 @@ class StateConflict(LedgerError):
 
 
 class LedgerBusy(StateConflict):
-    """Another writer held the lock for longer than ``busy_timeout_ms``."""
+    """The call waited longer than ``busy_timeout_ms``: for another writer's
+    lock (a stalled or stopped process, a long reconcile), for another
+    thread's call on a shared handle, or, on a read-only handle, for a
+    read that kept meeting a writer. Nothing was written; the call can be
+    made again."""
 
 
 class ClaimLost(StateConflict):
