@@ -498,6 +498,8 @@ def test_budget_as_text_is_headed_budget(db_path: Path, tasks: list[str]) -> Non
     assert code == 0 and parsed is None
     assert raw.splitlines()[0] == "budget:"
     assert "  tokens_used" in raw and "charge" not in raw
+    # What a one-call charge would do now, not what a charge did.
+    assert "  next_call_allowed" in raw and "escalated" not in raw
     figures = ok(db_path, "budget", tasks[0])
     assert set(figures) == {"ok", "charge"} and figures["charge"]["tokens_used"] == 5
 

@@ -166,10 +166,15 @@ def _charge(result: Any) -> dict[str, Any]:
 
 
 def _budget(figures: Any) -> dict[str, Any]:
-    """The figures under JSON's ``charge`` key, which scripts already read;
-    text heads them ``budget:``, as nothing was charged."""
+    """The figures under JSON's ``charge`` key, which scripts already read.
+    Text heads them ``budget:``, as nothing was charged: ``allowed`` says
+    whether a one-call charge would pass now, and ``escalated`` (what a
+    charge did) is left out, as "escalated: no" beside an escalated task
+    read as a contradiction."""
     shown = figures.to_dict()
-    return {"ok": True, "charge": shown, "_explain": render({"budget": shown}, "text").splitlines()}
+    read = {k: v for k, v in shown.items() if k not in ("allowed", "escalated")}
+    read["next_call_allowed"] = shown["allowed"]
+    return {"ok": True, "charge": shown, "_explain": render({"budget": read}, "text").splitlines()}
 
 
 def _park(args: argparse.Namespace, ledger: Ledger) -> dict[str, Any]:
