@@ -74,20 +74,28 @@ def test_a_deleted_shm_does_not_let_two_workers_claim_one_task(tmp_path: Path) -
     assert _healthy(db)
 
 
+def _claims_in_a_deleted_wal(db: Path, deleted: list[str]) -> tuple[Ledger, list[str]]:
+    """A worker's open handle and the ten claims it made, which live in its
+    WAL alone (the tasks themselves are in the file), once ``deleted``
+    sidecars are gone."""
+    with Ledger(db) as setup:
+        for _ in range(20):
+            setup.create_task()
+    worker = Ledger(db)
+    claimed = [t.id for t in worker.claim_next("w", limit=10)]
+    assert Path(f"{db}-wal").stat().st_size > 0
+    for suffix in deleted:
+        Path(f"{db}{suffix}").unlink()
+    return worker, claimed
+
+
 @pytest.mark.parametrize("deleted", [["-wal"], ["-wal", "-shm"]], ids=["wal", "wal_and_shm"])
 @pytest.mark.parametrize("then", ["call", "close"])
 def test_claims_in_a_deleted_wal_are_kept(tmp_path: Path, deleted: list[str], then: str) -> None:
     """Claims committed to a WAL someone deletes are copied into the file by
     the handle that wrote them, at its next call or at its close."""
     db = tmp_path / "ledger.db"
-    with Ledger(db) as setup:
-        for _ in range(20):
-            setup.create_task()
-    worker = Ledger(db)  # a fresh WAL: the tasks are in the file itself
-    claimed = [t.id for t in worker.claim_next("w", limit=10)]
-    assert Path(f"{db}-wal").stat().st_size > 0
-    for suffix in deleted:
-        Path(f"{db}{suffix}").unlink()
+    worker, claimed = _claims_in_a_deleted_wal(db, deleted)
     if then == "call":
         assert worker.heartbeat(claimed[0], worker="w").status == "running"
     worker.close()
@@ -112,13 +120,7 @@ def test_claims_in_a_deleted_wal_are_kept_while_a_newcomer_has_the_ledger_open(
     and only read it: the closing writer is not SQLite's last connection,
     which would have copied its WAL in, and still keeps its claims."""
     db = tmp_path / "ledger.db"
-    with Ledger(db) as setup:
-        for _ in range(20):
-            setup.create_task()
-    worker = Ledger(db)
-    claimed = [t.id for t in worker.claim_next("w", limit=10)]
-    for suffix in ("-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink()
+    worker, claimed = _claims_in_a_deleted_wal(db, ["-wal", "-shm"])
     with held_open(_OPEN_READER, str(db)):
         worker.close()
     assert _owners(db, claimed) == ["w"] * 10
@@ -126,19 +128,13 @@ def test_claims_in_a_deleted_wal_are_kept_while_a_newcomer_has_the_ledger_open(
 
 
 def test_a_deleted_wal_is_not_copied_over_a_file_written_since(tmp_path: Path) -> None:
-    """WAL and `-shm` both deleted, then another process writes the file
-    (and, closing as its last user, copies its own WAL in): copying the
-    first handle's older pages over the newer ones would damage the file,
-    so they are not copied. Its claims are lost (as documented), the
-    other process's task is kept and the file stays healthy."""
+    """WAL and `-shm` both deleted, then another process writes the ledger
+    (into sidecars of its own): copying the first handle's older pages
+    under its commit would damage the file, so they are not copied. Its
+    claims are lost (as documented), the other process's task is kept and
+    the file stays healthy."""
     db = tmp_path / "ledger.db"
-    with Ledger(db) as setup:
-        for _ in range(20):
-            setup.create_task()
-    worker = Ledger(db)
-    claimed = [t.id for t in worker.claim_next("w", limit=10)]
-    for suffix in ("-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink()
+    worker, claimed = _claims_in_a_deleted_wal(db, ["-wal", "-shm"])
     done = subprocess.run(
         [sys.executable, "-m", "taskwarden", "--db", str(db), "create"],
         capture_output=True,
