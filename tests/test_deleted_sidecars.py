@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from taskwarden import ClaimLost, Ledger
 
-from .conftest import held_open, run_cli
+from .conftest import run_cli
 
 # A second worker process: opens the ledger after the deletion, tells the
 # test it is ready, then claims one task at a time when told to.
@@ -89,13 +90,13 @@ def _claims_in_a_deleted_wal(db: Path, deleted: list[str]) -> tuple[Ledger, list
     return worker, claimed
 
 
-@pytest.mark.parametrize("deleted", [["-wal"], ["-wal", "-shm"]], ids=["wal", "wal_and_shm"])
 @pytest.mark.parametrize("then", ["call", "close"])
-def test_claims_in_a_deleted_wal_are_kept(tmp_path: Path, deleted: list[str], then: str) -> None:
-    """Claims committed to a WAL someone deletes are copied into the file by
-    the handle that wrote them, at its next call or at its close."""
+def test_claims_in_a_wal_deleted_alone_are_kept(tmp_path: Path, then: str) -> None:
+    """Claims committed to a WAL someone deletes (its `-shm` left) are
+    copied into the file by the handle that wrote them, at its next call or
+    at its close."""
     db = tmp_path / "ledger.db"
-    worker, claimed = _claims_in_a_deleted_wal(db, deleted)
+    worker, claimed = _claims_in_a_deleted_wal(db, ["-wal"])
     if then == "call":
         assert worker.heartbeat(claimed[0], worker="w").status == "running"
     worker.close()
@@ -103,27 +104,71 @@ def test_claims_in_a_deleted_wal_are_kept(tmp_path: Path, deleted: list[str], th
     assert _healthy(db)
 
 
-_OPEN_READER = """
-import sys
+# A process that opens the ledger, reads it, then claims when told to.
+_NEWCOMER = """
+import json, sys
 from taskwarden import Ledger
 with Ledger(sys.argv[1]) as ledger:
     ledger.stats()
     print("ready", flush=True)
-    sys.stdin.read()
+    sys.stdin.readline()
+    print(json.dumps([t.id for t in ledger.claim_next("newcomer", limit=5)]), flush=True)
 """
 
 
-def test_claims_in_a_deleted_wal_are_kept_while_a_newcomer_has_the_ledger_open(
-    tmp_path: Path,
-) -> None:
-    """A process that opened the ledger after the deletion (new sidecars)
-    and only read it: the closing writer is not SQLite's last connection,
-    which would have copied its WAL in, and still keeps its claims."""
+def _claims_by_a_newcomer(db: Path, before_it_claims: Callable[[], None]) -> list[str]:
+    """A newcomer opens and reads the ledger; ``before_it_claims`` runs;
+    then it claims five tasks. Returns their ids."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _NEWCOMER, str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as newcomer:
+        assert newcomer.stdin is not None and newcomer.stdout is not None
+        assert newcomer.stdout.readline().strip() == "ready"
+        before_it_claims()
+        newcomer.stdin.write("claim\n")
+        newcomer.stdin.flush()
+        claimed = json.loads(newcomer.stdout.readline())
+        assert newcomer.wait(timeout=60) == 0
+    return claimed
+
+
+def test_both_sidecars_deleted_a_newcomers_cached_pages_stay_true(tmp_path: Path) -> None:
+    """WAL and `-shm` deleted, a process opens and reads the ledger (its
+    own new sidecars, pages in its cache), then the old handle notices and
+    closes: nothing is copied under the newcomer's cache, whose claims are
+    then made on a file that stays healthy. (The old handle's claims, only
+    in the deleted WAL, are lost: nobody shares its view any more.)"""
     db = tmp_path / "ledger.db"
     worker, claimed = _claims_in_a_deleted_wal(db, ["-wal", "-shm"])
-    with held_open(_OPEN_READER, str(db)):
+
+    def old_handle_notices() -> None:
+        with pytest.raises(ClaimLost):
+            worker.heartbeat(claimed[0], worker="w")
         worker.close()
-    assert _owners(db, claimed) == ["w"] * 10
+
+    theirs = _claims_by_a_newcomer(db, old_handle_notices)
+    assert len(theirs) == 5
+    assert _owners(db, theirs) == ["newcomer"] * 5
+    assert _healthy(db)
+
+
+def test_a_wal_deleted_alone_is_copied_once_not_over_a_new_one(tmp_path: Path) -> None:
+    """Only the WAL deleted, two handles open (both share its `-shm`): the
+    first to notice copies it in, opens again and writes a new WAL at the
+    name. The other must not copy its old file's frames at the places the
+    shared index now gives to the new ones; its claims were copied by the
+    first, as they lived in the same WAL."""
+    db = tmp_path / "ledger.db"
+    other = Ledger(db)  # opened before the deletion, idle until it closes
+    worker, claimed = _claims_in_a_deleted_wal(db, ["-wal"])
+    more = [t.id for t in worker.claim_next("w", limit=5)]  # copies, opens again, writes
+    assert Path(f"{db}-wal").stat().st_size > 32
+    other.close()
+    worker.close()
+    assert _owners(db, claimed + more) == ["w"] * 15
     assert _healthy(db)
 
 

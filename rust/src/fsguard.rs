@@ -403,10 +403,13 @@ pub fn verify_wal_name(path: &DbPath, wal: &File) -> Result<()> {
     }
 }
 
-/// The device and inode of the file at `name` now, if one is there (by
-/// `lstat`: a link is a file of its own).
+/// A file's device and inode: what names it, whatever its name.
+pub type FileKey = (u64, u64);
+
+/// The key of the file at `name` now, if one is there (by `lstat`: a link
+/// is a file of its own).
 #[must_use]
-pub fn key_at(name: &Path) -> Option<(u64, u64)> {
+pub fn key_at(name: &Path) -> Option<FileKey> {
     fs::symlink_metadata(name).ok().map(|m| (m.dev(), m.ino()))
 }
 

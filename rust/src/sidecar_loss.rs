@@ -18,14 +18,14 @@
 //! This module judges, from the files alone, which of these happened and
 //! whether this connection's commits may still be copied into the database
 //! file; the store acts on it (`Store::replace_connection_if_sidecars_lost`).
+//! A copy is made only where every connection that may write or cache the
+//! file still shares this one's locks and index: only the WAL deleted,
+//! and no connection writing a new one yet ([`Loss::WalDeletedAlone`]).
 
-use std::fs::File;
+use std::fs::{self, File};
 use std::os::unix::fs::MetadataExt;
 
-use crate::fsguard::{self, DbPath};
-
-/// A file's device and inode.
-pub type Key = (u64, u64);
+use crate::fsguard::{self, DbPath, FileKey};
 
 /// A WAL's header; its frames follow.
 const WAL_HEADER_BYTES: u64 = 32;
@@ -38,54 +38,111 @@ pub enum Loss {
     /// The WAL is still there, but the `-shm` at its name is another file
     /// or none: other connections no longer see this one's locks.
     ShmReplaced,
-    /// The WAL has no name left. `copy_first`: this connection's WAL may
-    /// hold commits the database file lacks, and nobody else has written
-    /// the ledger since, so a checkpoint through this connection keeps
-    /// them. Without it the copy is skipped: someone has written since,
-    /// and older pages copied over theirs would damage the file. (When
-    /// SQLite itself removed the WAL, it copied it all first; a copy then
-    /// finds nothing to do.)
-    WalUnlinked { copy_first: bool },
+    /// The WAL was deleted by hand, alone (SQLite deletes the `-shm` with
+    /// it). `copy_first`: no connection has written a WAL at the name
+    /// since, so every one that may write still shares this one's locks
+    /// and index, and a checkpoint through this connection keeps the
+    /// commits it holds. Otherwise a connection that reopened writes there
+    /// now, and the shared index describes that file: a checkpoint through
+    /// our descriptor would copy whatever ours holds at those offsets.
+    WalDeletedAlone { copy_first: bool },
+    /// Both are gone or replaced: SQLite itself removed them (another copy
+    /// of SQLite in this process closing as the last), or someone did by
+    /// hand. Nothing is copied: a process that opened since keeps pages in
+    /// a cache that a copy made behind its back would leave stale.
+    BothRemoved,
 }
 
 /// The `-shm` at the ledger's name now, for comparing later.
 #[must_use]
-pub fn shm_key(path: &DbPath) -> Option<Key> {
+pub fn shm_key(path: &DbPath) -> Option<FileKey> {
     fsguard::key_at(&fsguard::sidecar(path, "-shm"))
 }
 
 /// Judges the connection whose WAL is `wal` (our own descriptor on it) and
 /// whose `-shm` was `shm` when it opened.
 #[must_use]
-pub fn judge(path: &DbPath, wal: &File, shm: Option<Key>) -> Loss {
+pub fn judge(path: &DbPath, wal: &File, shm: Option<FileKey>) -> Loss {
     let Ok(held) = wal.metadata() else {
         return Loss::None; // judged again at the next call
     };
     let shm_now = shm_key(path);
+    let shm_is_ours = shm.is_some() && shm_now == shm;
     if held.nlink() > 0 {
-        return if shm.is_some() && shm_now != shm {
+        return if shm.is_some() && !shm_is_ours {
             Loss::ShmReplaced
         } else {
             Loss::None
         };
     }
-    // SQLite unlinks the `-shm` with the WAL. With ours still in place the
-    // WAL was deleted alone, by hand, and every connection that may write
-    // the file still shares our locks: copying is coordinated by them.
-    if shm.is_some() && shm_now == shm {
-        return Loss::WalUnlinked { copy_first: true };
+    if !shm_is_ours {
+        return Loss::BothRemoved;
     }
-    // Both gone. Copying is safe only if no connection has written the
-    // file since: none has committed to a WAL made anew (a WAL without a
-    // frame is at most its 32-byte header), and the database file was last
-    // written before ours lost its name (the unlink stamped its change
-    // time). Other processes that opened meanwhile read the file alone.
-    let no_new_frames = std::fs::symlink_metadata(fsguard::sidecar(path, "-wal"))
+    // A WAL without a frame is at most its 32-byte header.
+    let no_new_frames = fs::symlink_metadata(fsguard::sidecar(path, "-wal"))
         .map_or(true, |wal| wal.len() <= WAL_HEADER_BYTES);
-    let nobody_since = no_new_frames
-        && std::fs::metadata(&path.file)
-            .is_ok_and(|db| (db.mtime(), db.mtime_nsec()) < (held.ctime(), held.ctime_nsec()));
-    Loss::WalUnlinked {
-        copy_first: nobody_since,
+    Loss::WalDeletedAlone {
+        copy_first: no_new_frames,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{judge, shm_key, Loss};
+    use crate::fsguard::{self, DbPath};
+    use std::fs::{self, File};
+
+    /// A ledger's name with a WAL and `-shm` beside it, the WAL held open.
+    fn ledger(case: &str) -> (DbPath, File) {
+        let dir = std::env::temp_dir().join(format!("tw-sidecars-{}-{case}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let path = fsguard::resolve(dir.join("ledger.db").to_str().unwrap()).unwrap();
+        fs::write(&path.file, b"").unwrap();
+        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32]).unwrap();
+        fs::write(fsguard::sidecar(&path, "-shm"), [0u8; 64]).unwrap();
+        let wal = File::open(fsguard::sidecar(&path, "-wal")).unwrap();
+        (path, wal)
+    }
+
+    /// Each deletion is told apart, and a copy is allowed only for a WAL
+    /// deleted alone while no new one holds a frame.
+    #[test]
+    fn judges_what_became_of_the_sidecars() {
+        let (path, wal) = ledger("intact");
+        let shm = shm_key(&path);
+        assert_eq!(judge(&path, &wal, shm), Loss::None);
+
+        fs::remove_file(fsguard::sidecar(&path, "-shm")).unwrap();
+        assert_eq!(judge(&path, &wal, shm), Loss::ShmReplaced);
+
+        let (path, wal) = ledger("wal-alone");
+        let shm = shm_key(&path);
+        fs::remove_file(fsguard::sidecar(&path, "-wal")).unwrap();
+        assert_eq!(
+            judge(&path, &wal, shm),
+            Loss::WalDeletedAlone { copy_first: true }
+        );
+        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32]).unwrap(); // a header alone
+        assert_eq!(
+            judge(&path, &wal, shm),
+            Loss::WalDeletedAlone { copy_first: true }
+        );
+        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32 + 24 + 2048]).unwrap();
+        assert_eq!(
+            judge(&path, &wal, shm),
+            Loss::WalDeletedAlone { copy_first: false }
+        );
+
+        let (path, wal) = ledger("both");
+        let shm = shm_key(&path);
+        fs::remove_file(fsguard::sidecar(&path, "-wal")).unwrap();
+        fs::remove_file(fsguard::sidecar(&path, "-shm")).unwrap();
+        assert_eq!(judge(&path, &wal, shm), Loss::BothRemoved);
+
+        for case in ["intact", "wal-alone", "both"] {
+            let dir = format!("tw-sidecars-{}-{case}", std::process::id());
+            fs::remove_dir_all(std::env::temp_dir().join(dir)).unwrap();
+        }
     }
 }

@@ -239,7 +239,7 @@ pub struct Store {
     wal: Option<wal_flush::Pacer>,
     /// The `-shm` the connection keeps its WAL locks and index in, as found
     /// when it opened (files only); see `sidecar_loss`.
-    shm: Option<sidecar_loss::Key>,
+    shm: Option<fsguard::FileKey>,
     /// This handle's use of the process's one descriptor on the file,
     /// released after `conn` (declared after it): see `held_files`.
     file_lease: Option<Lease>,
@@ -260,37 +260,37 @@ pub struct Store {
     durability: Durability,
 }
 
-/// Why a call was refused on a handle whose WAL someone deleted, while
-/// the commits it held could not yet be copied into the database file.
-pub const WAL_DELETED_NOT_COPIED: &str = "the ledger's WAL was deleted while open, and its \
-     commits are not yet copied into the database file: readers kept it busy; retry";
-
 impl Drop for Store {
-    /// A connection whose sidecars were lost must not close as SQLite's
-    /// last one would: that copied a stale WAL over the file and deleted
-    /// the WAL at the name, another connection's. What a WAL deleted by
-    /// hand holds is kept first, and then the close may run as usual: it
-    /// has nothing left to copy, and when it is the last it clears the
-    /// sidecars left behind (see `sidecar_loss`). A handle already closing
-    /// without a checkpoint (a forked child's) is left alone.
+    /// A connection whose `-shm` was replaced, or whose WAL was deleted
+    /// while another connection now writes a new one, must not close as
+    /// SQLite's last one would: that copies a stale WAL over the file
+    /// through an index that describes another, and deletes the WAL at
+    /// the name. A WAL deleted alone, with no new one written, is copied
+    /// in first, without waiting for readers (a close must not hang; those
+    /// readers copy it at their own next call); the close then runs as
+    /// usual, and as the last one it removes the sidecars left behind.
+    /// With both sidecars removed it runs as usual too: SQLite copies our
+    /// WAL only as the file's last connection, when no other can cache a
+    /// page. A handle already closing without a checkpoint (a forked
+    /// child's) is left alone.
     fn drop(&mut self) {
-        let loss = self.sidecar_loss();
         let closing_plainly = self
             .conn
             .db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE)
             .unwrap_or(true);
-        if loss == Loss::None || closing_plainly {
+        if closing_plainly {
             return;
         }
-        // Nothing can be reported from a close; the copy is best effort.
-        if loss == (Loss::WalUnlinked { copy_first: true })
-            && self.keep_what_the_lost_wal_holds(loss).is_ok()
-        {
-            return;
+        let close_as_usual = match self.sidecar_loss() {
+            Loss::None | Loss::BothRemoved => true,
+            Loss::WalDeletedAlone { copy_first: true } => self.copy_lost_wal("PASSIVE").is_ok(),
+            Loss::ShmReplaced | Loss::WalDeletedAlone { copy_first: false } => false,
+        };
+        if !close_as_usual {
+            let _ = self
+                .conn
+                .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
         }
-        let _ = self
-            .conn
-            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
     }
 }
 
@@ -814,11 +814,12 @@ impl Store {
     /// Before a call (once the directory shows a change): if our WAL has
     /// no name left, or the `-shm` at its name is not the one we opened,
     /// the connection is replaced (see `sidecar_loss` for how either
-    /// happens). The old one first copies its WAL's commits into the
-    /// database file where that is safe, then closes without a last
-    /// connection's checkpoint and WAL removal (its views are stale, and a
-    /// WAL at the name now is another's) before the new one opens, as
-    /// closing releases the process's locks on the file.
+    /// happens). A WAL deleted by hand alone, with no new one written, is
+    /// first copied into the database file through the old connection,
+    /// which then closes
+    /// without a last connection's checkpoint and WAL removal (its views
+    /// are stale, and a WAL at the name now is another's) before the new
+    /// one opens, as closing releases the process's locks on the file.
     fn replace_connection_if_sidecars_lost(&mut self) -> Result<()> {
         let loss = self.sidecar_loss();
         let Backing::File { path, .. } = &self.backing else {
@@ -828,7 +829,14 @@ impl Store {
             return Ok(());
         }
         let path = path.clone();
-        self.keep_what_the_lost_wal_holds(loss)?;
+        if loss == (Loss::WalDeletedAlone { copy_first: true }) {
+            // Waits for readers (RESTART), so that the next writer starts
+            // the WAL at the name afresh, with a header, instead of adding
+            // frames after ones that file lacks; until they let go the
+            // call is busy, and the copy is tried again at the next.
+            self.copy_lost_wal("RESTART")
+                .map_err(|e| self.interruption.explain(e))?;
+        }
         self.conn
             .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
         let stale = std::mem::replace(&mut self.conn, Connection::open_in_memory()?);
@@ -842,24 +850,17 @@ impl Store {
         Ok(())
     }
 
-    /// For a WAL deleted by hand: copies every commit it holds into the
-    /// database file, so they outlive it. The checkpoint waits for readers
-    /// (RESTART): the next writer then starts the WAL at the name afresh,
-    /// with a header, instead of adding frames after the ones it lacks. A
-    /// copy that cannot finish refuses the call and is tried again at the
-    /// next.
-    fn keep_what_the_lost_wal_holds(&mut self, loss: Loss) -> Result<()> {
-        if loss != (Loss::WalUnlinked { copy_first: true }) {
-            return Ok(());
-        }
-        let (busy, frames, copied): (i64, i64, i64) = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .map_err(|e| self.interruption.explain(e.into()))?;
+    /// Copies every commit of a WAL deleted by hand into the database file
+    /// (a checkpoint in `mode`), so they outlive it: `Busy` when readers
+    /// kept some from being copied.
+    fn copy_lost_wal(&mut self, mode: &str) -> Result<()> {
+        let (busy, frames, copied): (i64, i64, i64) =
+            self.conn
+                .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
         if busy != 0 || copied < frames {
-            return Err(Error::Conflict(WAL_DELETED_NOT_COPIED));
+            return Err(Error::Busy);
         }
         Ok(())
     }
