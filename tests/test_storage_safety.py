@@ -563,3 +563,37 @@ def test_a_link_swapped_in_at_the_name_between_the_checks_and_sqlite_is_not_foll
                 missing.append(task_id)
     assert missing == [], f"{len(missing)} of {len(acked)} acknowledged writes went elsewhere"
     assert other.read_bytes() == other_bytes
+
+
+def _bind_mount(source: Path, target: Path) -> bool:
+    """Mounts ``source`` over ``target``; False where this user may not."""
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(
+        ["mount", "--bind", str(source), str(target)], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_ledger_file_mounted_on_its_own_is_refused(tmp_path: Path, read_only: bool) -> None:
+    """A container given the file alone (`-v /host/t.db:/app/t.db`) would
+    keep its WAL and locks beside its own name, unseen by the host's
+    workers: two WALs over one file. Its open is refused; the host's
+    name, no mount point, still opens."""
+    host, app = tmp_path / "host", tmp_path / "app"
+    for folder in (host, app):
+        folder.mkdir(mode=0o700)
+    with Ledger(host / "t.db") as ledger:
+        ledger.create_task()
+    (app / "t.db").touch(mode=0o600)
+    if not _bind_mount(host / "t.db", app / "t.db"):
+        pytest.skip("needs root and mount --bind")
+    try:
+        with pytest.raises(StateConflict, match="mounted on its own"):
+            Ledger(app / "t.db", read_only=read_only)
+        assert sorted(p.name for p in app.iterdir()) == ["t.db"]
+        with Ledger(host / "t.db", read_only=read_only) as ledger:
+            assert ledger.stats()["task_count"] == 1
+    finally:
+        subprocess.run(["umount", str(app / "t.db")], check=True)

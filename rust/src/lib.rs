@@ -17,6 +17,7 @@ mod convert;
 mod doctor;
 mod errors;
 mod events;
+mod file_mount;
 mod fork_guard;
 mod fsguard;
 mod fsm;
