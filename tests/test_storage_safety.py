@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from taskwarden import InvalidInput, Ledger, StateConflict, TaskNotFound
+from taskwarden import InvalidInput, Ledger, LedgerError, StateConflict, TaskNotFound
 
 from .conftest import FrozenClock, run_cli, run_python
 
@@ -597,3 +597,25 @@ def test_a_ledger_file_mounted_on_its_own_is_refused(tmp_path: Path, read_only: 
             assert ledger.stats()["task_count"] == 1
     finally:
         subprocess.run(["umount", str(app / "t.db")], check=True)
+
+
+def test_a_read_only_file_system_says_so_and_read_only_handles_still_read(
+    tmp_path: Path,
+) -> None:
+    """A `:ro` volume: a writable open says the file system is read-only
+    (it said only that an operation failed), and a read-only one reads."""
+    host, view = tmp_path / "host", tmp_path / "view"
+    for folder in (host, view):
+        folder.mkdir(mode=0o700)
+    with Ledger(host / "t.db") as ledger:
+        ledger.create_task()
+    if not _bind_mount(host, view):
+        pytest.skip("needs root and mount --bind")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        with pytest.raises(LedgerError, match="file system is read-only"):
+            Ledger(view / "t.db")
+        with Ledger(view / "t.db", read_only=True) as ledger:
+            assert ledger.stats()["task_count"] == 1
+    finally:
+        subprocess.run(["umount", str(view)], check=True)

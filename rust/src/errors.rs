@@ -114,6 +114,11 @@ impl From<std::io::Error> for Error {
             std::io::ErrorKind::PermissionDenied => {
                 Error::Invalid("database path is not accessible")
             }
+            // A `:ro` volume or a read-only root: the reading commands
+            // work there with `--read-only`, which the bare "failed" hid.
+            std::io::ErrorKind::ReadOnlyFilesystem => Error::Storage(
+                "the ledger's file system is read-only: open it read-only (--read-only)",
+            ),
             _ => Error::Storage("file system operation failed"),
         }
     }
