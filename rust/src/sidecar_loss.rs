@@ -50,7 +50,9 @@ pub enum Loss {
     /// of SQLite in this process closing as the last), or someone did by
     /// hand. Nothing is copied: a process that opened since keeps pages in
     /// a cache that a copy made behind its back would leave stale.
-    BothRemoved,
+    /// `reopened`: a WAL or `-shm` is at the names again, so another
+    /// connection has opened the file since, and may have written it.
+    BothRemoved { reopened: bool },
 }
 
 /// The `-shm` at the ledger's name now, for comparing later.
@@ -76,7 +78,10 @@ pub fn judge(path: &DbPath, wal: &File, shm: Option<FileKey>) -> Loss {
         };
     }
     if !shm_is_ours {
-        return Loss::BothRemoved;
+        let at_name = |suffix| fsguard::key_at(&fsguard::sidecar(path, suffix)).is_some();
+        return Loss::BothRemoved {
+            reopened: shm_now.is_some() || at_name("-wal"),
+        };
     }
     // A WAL without a frame is at most its 32-byte header.
     let no_new_frames = fs::symlink_metadata(fsguard::sidecar(path, "-wal"))
@@ -89,60 +94,73 @@ pub fn judge(path: &DbPath, wal: &File, shm: Option<FileKey>) -> Loss {
 #[cfg(test)]
 mod tests {
     use super::{judge, shm_key, Loss};
+    use crate::errors::Result;
     use crate::fsguard::{self, DbPath};
     use std::fs::{self, File};
+    use std::path::PathBuf;
+
+    fn folder(case: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("tw-sidecars-{}-{case}", std::process::id()))
+    }
 
     /// A ledger's name with a WAL and `-shm` beside it, the WAL held open.
-    fn ledger(case: &str) -> (DbPath, File) {
-        let dir = std::env::temp_dir().join(format!("tw-sidecars-{}-{case}", std::process::id()));
+    fn ledger(case: &str) -> Result<(DbPath, File)> {
+        let dir = folder(case);
         let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let path = fsguard::resolve(dir.join("ledger.db").to_str().unwrap()).unwrap();
-        fs::write(&path.file, b"").unwrap();
-        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32]).unwrap();
-        fs::write(fsguard::sidecar(&path, "-shm"), [0u8; 64]).unwrap();
-        let wal = File::open(fsguard::sidecar(&path, "-wal")).unwrap();
-        (path, wal)
+        fs::create_dir_all(&dir)?;
+        let path = fsguard::resolve(&dir.join("ledger.db").to_string_lossy())?;
+        fs::write(&path.file, b"")?;
+        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32])?;
+        fs::write(fsguard::sidecar(&path, "-shm"), [0u8; 64])?;
+        let wal = File::open(fsguard::sidecar(&path, "-wal"))?;
+        Ok((path, wal))
     }
 
     /// Each deletion is told apart, and a copy is allowed only for a WAL
     /// deleted alone while no new one holds a frame.
     #[test]
-    fn judges_what_became_of_the_sidecars() {
-        let (path, wal) = ledger("intact");
+    fn judges_what_became_of_the_sidecars() -> Result<()> {
+        let (path, wal) = ledger("intact")?;
         let shm = shm_key(&path);
         assert_eq!(judge(&path, &wal, shm), Loss::None);
-
-        fs::remove_file(fsguard::sidecar(&path, "-shm")).unwrap();
+        fs::remove_file(fsguard::sidecar(&path, "-shm"))?;
         assert_eq!(judge(&path, &wal, shm), Loss::ShmReplaced);
 
-        let (path, wal) = ledger("wal-alone");
+        let (path, wal) = ledger("wal-alone")?;
         let shm = shm_key(&path);
-        fs::remove_file(fsguard::sidecar(&path, "-wal")).unwrap();
+        fs::remove_file(fsguard::sidecar(&path, "-wal"))?;
         assert_eq!(
             judge(&path, &wal, shm),
             Loss::WalDeletedAlone { copy_first: true }
         );
-        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32]).unwrap(); // a header alone
+        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32])?; // a header alone
         assert_eq!(
             judge(&path, &wal, shm),
             Loss::WalDeletedAlone { copy_first: true }
         );
-        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32 + 24 + 2048]).unwrap();
+        fs::write(fsguard::sidecar(&path, "-wal"), [0u8; 32 + 24 + 2048])?;
         assert_eq!(
             judge(&path, &wal, shm),
             Loss::WalDeletedAlone { copy_first: false }
         );
 
-        let (path, wal) = ledger("both");
+        let (path, wal) = ledger("both")?;
         let shm = shm_key(&path);
-        fs::remove_file(fsguard::sidecar(&path, "-wal")).unwrap();
-        fs::remove_file(fsguard::sidecar(&path, "-shm")).unwrap();
-        assert_eq!(judge(&path, &wal, shm), Loss::BothRemoved);
+        fs::remove_file(fsguard::sidecar(&path, "-wal"))?;
+        fs::remove_file(fsguard::sidecar(&path, "-shm"))?;
+        assert_eq!(
+            judge(&path, &wal, shm),
+            Loss::BothRemoved { reopened: false }
+        );
+        fs::write(fsguard::sidecar(&path, "-wal"), b"")?; // a newcomer's
+        assert_eq!(
+            judge(&path, &wal, shm),
+            Loss::BothRemoved { reopened: true }
+        );
 
         for case in ["intact", "wal-alone", "both"] {
-            let dir = format!("tw-sidecars-{}-{case}", std::process::id());
-            fs::remove_dir_all(std::env::temp_dir().join(dir)).unwrap();
+            fs::remove_dir_all(folder(case))?;
         }
+        Ok(())
     }
 }

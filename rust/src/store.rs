@@ -283,9 +283,14 @@ impl Drop for Store {
             return;
         }
         let close_as_usual = match self.sidecar_loss() {
-            Loss::None | Loss::BothRemoved => true,
+            // A connection that opened since the deletion may have written
+            // the file and left a WAL at the name: as the last connection,
+            // SQLite would copy our older pages over its and delete that WAL.
+            Loss::None | Loss::BothRemoved { reopened: false } => true,
             Loss::WalDeletedAlone { copy_first: true } => self.copy_lost_wal("PASSIVE").is_ok(),
-            Loss::ShmReplaced | Loss::WalDeletedAlone { copy_first: false } => false,
+            Loss::ShmReplaced
+            | Loss::WalDeletedAlone { copy_first: false }
+            | Loss::BothRemoved { reopened: true } => false,
         };
         if !close_as_usual {
             let _ = self
