@@ -9,11 +9,13 @@
 //! copied into the file live in the container's layer, gone with it. A
 //! directory mounted whole keeps the sidecars beside the file for all.
 //!
-//! The kernel lists every mount point of the process in
-//! `/proc/self/mountinfo`; a file that is one is mounted alone. Where the
-//! list cannot be read, nothing is refused.
+//! The kernel names the mount every open file is reached through
+//! (`mnt_id` in `/proc/self/fdinfo`): a file reached through another
+//! mount than its directory is itself a mount point. Where the kernel does
+//! not say, nothing is refused.
 
-use std::os::unix::ffi::OsStrExt;
+use std::fs::{self, File};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use crate::errors::{Error, Result};
@@ -22,67 +24,58 @@ const MOUNTED_ALONE: &str = "database file is mounted on its own (a bind mount o
      not its directory): processes on either side would keep separate WALs over one file; \
      mount its directory instead";
 
-/// Refuses `file` (an absolute path, links in its directory resolved) when
-/// it is a mount point.
-pub fn refuse_file_mounted_alone(file: &Path) -> Result<()> {
-    let Ok(mounts) = std::fs::read("/proc/self/mountinfo") else {
+/// Refuses the opened database `file` when it is reached through another
+/// mount than its directory, `parent`.
+pub fn refuse_file_mounted_alone(file: &File, parent: &Path) -> Result<()> {
+    let Some(file_mount) = mount_id(file) else {
         return Ok(());
     };
-    if is_mount_point(&mounts, file) {
-        return Err(Error::Conflict(MOUNTED_ALONE));
+    let Some(dir_mount) = File::open(parent).ok().as_ref().and_then(mount_id) else {
+        return Ok(());
+    };
+    if file_mount == dir_mount {
+        Ok(())
+    } else {
+        Err(Error::Conflict(MOUNTED_ALONE))
     }
-    Ok(())
 }
 
-/// Whether `path` is the mount point (the fifth field) of a line of
-/// `mountinfo`.
-fn is_mount_point(mountinfo: &[u8], path: &Path) -> bool {
-    let wanted = path.as_os_str().as_bytes();
-    mountinfo
-        .split(|&b| b == b'\n')
-        .filter_map(|line| line.split(|&b| b == b' ').nth(4))
-        .any(|point| unescaped(point) == wanted)
+/// The mount `file` is reached through, as the kernel reports it.
+fn mount_id(file: &File) -> Option<u64> {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
+    parse_mount_id(&info)
 }
 
-/// A mountinfo field as the path it names: the kernel writes a space, tab,
-/// newline and backslash in a path as `\040`, `\011`, `\012` and `\134`.
-fn unescaped(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut rest = field;
-    while let Some((&first, tail)) = rest.split_first() {
-        let octal = tail
-            .get(..3)
-            .filter(|digits| first == b'\\' && digits.iter().all(|d| (b'0'..=b'7').contains(d)));
-        if let Some(digits) = octal {
-            let value = digits.iter().fold(0u32, |n, d| n * 8 + u32::from(d - b'0'));
-            out.push(value as u8);
-            rest = &tail[3..];
-        } else {
-            out.push(first);
-            rest = tail;
-        }
-    }
-    out
+fn parse_mount_id(fdinfo: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("mnt_id:"))
+        .and_then(|id| id.trim().parse().ok())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::is_mount_point;
-    use std::path::Path;
+    use super::{parse_mount_id, refuse_file_mounted_alone};
+    use std::fs::{self, File};
 
-    const MOUNTINFO: &[u8] = b"22 27 0:21 / /proc rw,relatime - proc proc rw\n\
-        31 27 254:0 /srv/state/t.db /app/state/t.db rw,relatime - ext4 /dev/vda rw\n\
-        32 27 254:0 /srv/a\\040b /mnt/a\\040b/x.db rw - ext4 /dev/vda rw\n";
-
-    /// Only a path that is itself a mount point is one; escaped spaces in
-    /// mount points are read as spaces.
     #[test]
-    fn finds_files_that_are_mount_points() {
-        assert!(is_mount_point(MOUNTINFO, Path::new("/app/state/t.db")));
-        assert!(is_mount_point(MOUNTINFO, Path::new("/mnt/a b/x.db")));
-        assert!(!is_mount_point(MOUNTINFO, Path::new("/app/state")));
-        assert!(!is_mount_point(MOUNTINFO, Path::new("/app/state/t.db-wal")));
-        assert!(!is_mount_point(MOUNTINFO, Path::new("/srv/state/t.db")));
-        assert!(!is_mount_point(b"", Path::new("/proc")));
+    fn reads_the_mount_id_of_fdinfo() {
+        assert_eq!(
+            parse_mount_id("pos:\t0\nflags:\t0100000\nmnt_id:\t24\nino:\t3\n"),
+            Some(24)
+        );
+        assert_eq!(parse_mount_id("pos:\t0\n"), None);
+    }
+
+    /// A file beside others in its directory shares its directory's mount.
+    #[test]
+    fn a_file_in_its_directory_is_not_mounted_alone() -> crate::errors::Result<()> {
+        let dir = std::env::temp_dir().join(format!("tw-mount-{}", std::process::id()));
+        fs::create_dir_all(&dir)?;
+        let path = dir.join("ledger.db");
+        fs::write(&path, b"")?;
+        let outcome = refuse_file_mounted_alone(&File::open(&path)?, &dir);
+        fs::remove_dir_all(&dir)?;
+        outcome
     }
 }

@@ -9,6 +9,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::errors::{Error, Result};
+use crate::file_mount;
 use crate::held_files::{self, Lease};
 
 /// The database file and its resolved parent directory.
@@ -303,6 +304,7 @@ pub fn prepare_file(path: &DbPath, writable: bool, create: bool) -> Result<(Iden
     if !is_single_regular(&meta) || !same {
         return Err(NOT_REGULAR);
     }
+    file_mount::refuse_file_mounted_alone(lease.file(), &path.parent)?;
     secure_mode(lease.file(), &meta, writable)?;
     let identity = Identity {
         dev: meta.dev(),

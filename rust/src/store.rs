@@ -15,7 +15,6 @@ use crate::busy;
 use crate::doctor;
 use crate::errors::{Error, Result};
 use crate::events;
-use crate::file_mount;
 use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
 use crate::reconcile;
@@ -330,7 +329,6 @@ impl Store {
         let path = fsguard::resolve(raw_path)?;
         fsguard::prepare_parent(&path, !opts.read_only && opts.may.create)?;
         fsguard::check_parent_security(&path, opts.euid)?;
-        file_mount::refuse_file_mounted_alone(&path.file)?;
         if opts.read_only {
             return Store::open_read_only_settled(&path, opts, interruption);
         }
