@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from taskwarden import InvalidInput, Ledger, LedgerError, StateConflict, TaskNotFound
+from taskwarden import InvalidInput, Ledger, StateConflict, TaskNotFound
 
 from .conftest import FrozenClock, run_cli, run_python
 
@@ -603,7 +603,8 @@ def test_a_read_only_file_system_says_so_and_read_only_handles_still_read(
     tmp_path: Path,
 ) -> None:
     """A `:ro` volume: a writable open says the file system is read-only
-    (it said only that an operation failed), and a read-only one reads."""
+    (it said only that an operation failed), a read-only one reads, and so
+    do the CLI's reading commands, as on any file a writable open refuses."""
     host, view = tmp_path / "host", tmp_path / "view"
     for folder in (host, view):
         folder.mkdir(mode=0o700)
@@ -613,9 +614,12 @@ def test_a_read_only_file_system_says_so_and_read_only_handles_still_read(
         pytest.skip("needs root and mount --bind")
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
-        with pytest.raises(LedgerError, match="file system is read-only"):
+        with pytest.raises(StateConflict, match="file system is read-only"):
             Ledger(view / "t.db")
         with Ledger(view / "t.db", read_only=True) as ledger:
             assert ledger.stats()["task_count"] == 1
+        # The CLI's reading commands fall back to a read-only open.
+        code, answer, _ = run_cli("--db", str(view / "t.db"), "stats")
+        assert code == 0 and answer["stats"]["task_count"] == 1
     finally:
         subprocess.run(["umount", str(view)], check=True)

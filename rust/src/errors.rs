@@ -114,10 +114,11 @@ impl From<std::io::Error> for Error {
             std::io::ErrorKind::PermissionDenied => {
                 Error::Invalid("database path is not accessible")
             }
-            // A `:ro` volume or a read-only root: the reading commands
-            // work there with `--read-only`, which the bare "failed" hid.
-            std::io::ErrorKind::ReadOnlyFilesystem => Error::Storage(
-                "the ledger's file system is read-only: open it read-only (--read-only)",
+            // A `:ro` volume or a read-only root: a refusal of the file's
+            // place, like its mode's, which a read-only open gets past (the
+            // CLI's reading commands fall back to one).
+            std::io::ErrorKind::ReadOnlyFilesystem => Error::Conflict(
+                "the ledger's file system is read-only: only a read-only open can use it",
             ),
             _ => Error::Storage("file system operation failed"),
         }
