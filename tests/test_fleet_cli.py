@@ -143,11 +143,11 @@ def test_an_empty_claim_says_so_in_text(db_path: Path, tasks: list[str]) -> None
     ok(db_path, "claim-next", "--worker", "w2", "--limit", "10")
     assert _as_text(db_path, "claim-next", "--worker", "w2") == (
         0,
-        "claimed: none (no queued task)\n",
+        "claimed: none (no queued task to claim now)\n",
     )
     assert _as_text(db_path, "claim-next", "--worker", "w2", "--tenant", "acme") == (
         0,
-        "claimed: none (no queued task of this tenant)\n",
+        "claimed: none (no queued task of this tenant to claim now)\n",
     )
     assert ok(db_path, "claim-next", "--worker", "w2") == {"ok": True, "tasks": []}
 

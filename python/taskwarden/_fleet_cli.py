@@ -149,7 +149,7 @@ def _claimed_next(tasks: list[Any], tenant: str | None) -> dict[str, Any]:
     answer = _tasks(tasks)
     if not tasks:
         whose = " of this tenant" if tenant is not None else ""
-        answer["_explain"] = [f"claimed: none (no queued task{whose})"]
+        answer["_explain"] = [f"claimed: none (no queued task{whose} to claim now)"]
     return answer
 
 
