@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from taskwarden import ClaimLost, Ledger
+from taskwarden import ClaimLost, Ledger, StateConflict
 
 from .conftest import run_cli
 
@@ -20,7 +20,7 @@ from .conftest import run_cli
 # test it is ready, then claims one task at a time when told to.
 _SECOND_WORKER = """
 import json, sys
-from taskwarden import ClaimLost, Ledger
+from taskwarden import ClaimLost, Ledger, StateConflict
 claimed = []
 with Ledger(sys.argv[1]) as ledger:
     print("ready", flush=True)
@@ -41,15 +41,9 @@ def _owners(db: Path, ids: list[str]) -> list[str | None]:
         return [reader.get_task(i).owner for i in ids]
 
 
-def test_a_deleted_shm_does_not_let_two_workers_claim_one_task(tmp_path: Path) -> None:
-    """The second process makes a new `-shm` and no longer sees the first
-    handle's locks; the first handle notices at its next call and opens
-    again, so the two still take turns."""
-    db = tmp_path / "ledger.db"
-    first = Ledger(db)
-    for _ in range(60):
-        first.create_task()
-    Path(f"{db}-shm").unlink()
+def _claims_beside_a_second_process(db: Path, first: Ledger) -> tuple[list[str], list[str]]:
+    """``first`` and a process that opens the ledger now claim one task
+    each, in turn, 30 times: what each was told it claimed."""
     mine: list[str] = []
     with subprocess.Popen(
         [sys.executable, "-c", _SECOND_WORKER, str(db)],
@@ -59,7 +53,7 @@ def test_a_deleted_shm_does_not_let_two_workers_claim_one_task(tmp_path: Path) -
     ) as second:
         assert second.stdin is not None and second.stdout is not None
         assert second.stdout.readline().strip() == "ready"
-        for _ in range(30):  # interleaved: one claim each, in turn
+        for _ in range(30):
             mine += [t.id for t in first.claim_next("first")]
             second.stdin.write("next\n")
             second.stdin.flush()
@@ -67,12 +61,49 @@ def test_a_deleted_shm_does_not_let_two_workers_claim_one_task(tmp_path: Path) -
         second.stdin.close()
         theirs = json.loads(second.stdout.readline())
         assert second.wait(timeout=60) == 0
-    first.close()
+    return mine, theirs
+
+
+def _took_turns(db: Path, mine: list[str], theirs: list[str]) -> None:
     assert len(mine) == len(theirs) == 30
     assert not set(mine) & set(theirs)
     assert _owners(db, mine) == ["first"] * 30
     assert _owners(db, theirs) == ["second"] * 30
     assert _healthy(db)
+
+
+def test_a_deleted_shm_does_not_let_two_workers_claim_one_task(tmp_path: Path) -> None:
+    """The second process makes a new `-shm` and no longer sees the first
+    handle's locks; the first handle notices at its next call and opens
+    again, so the two still take turns."""
+    db = tmp_path / "ledger.db"
+    first = Ledger(db)
+    for _ in range(60):
+        first.create_task()
+    Path(f"{db}-shm").unlink()
+    mine, theirs = _claims_beside_a_second_process(db, first)
+    first.close()
+    _took_turns(db, mine, theirs)
+
+
+def test_a_deleted_shm_stops_a_process_with_two_handles_until_one_is_left(
+    tmp_path: Path,
+) -> None:
+    """SQLite maps a file's `-shm` once per process: a handle opening again
+    beside another would map the deleted one again. Both refuse, loudly,
+    until one is left; it then opens again and takes turns."""
+    db = tmp_path / "ledger.db"
+    first, beside = Ledger(db), Ledger(db)
+    for _ in range(60):
+        first.create_task()
+    Path(f"{db}-shm").unlink()
+    for handle in (first, beside):
+        with pytest.raises(StateConflict, match="other handles in this process"):
+            handle.claim_next("first")
+    beside.close()
+    mine, theirs = _claims_beside_a_second_process(db, first)
+    first.close()
+    _took_turns(db, mine, theirs)
 
 
 def _claims_in_a_deleted_wal(db: Path, deleted: list[str]) -> tuple[Ledger, list[str]]:

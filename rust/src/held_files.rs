@@ -79,6 +79,15 @@ impl Lease {
             .expect("a lease holds its file until dropped")
     }
 
+    /// Whether other handles of this process use the file too.
+    #[must_use]
+    pub fn shared(&self) -> bool {
+        held()
+            .iter()
+            .find(|e| e.key == self.key)
+            .is_some_and(|e| e.leases > 1)
+    }
+
     /// SQLite keeps one shared-memory mapping of a WAL per file and
     /// process, made writable or read-only by the first connection to map
     /// it; a writer that came later could not commit at all. So a writable

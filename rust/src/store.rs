@@ -260,6 +260,12 @@ pub struct Store {
     durability: Durability,
 }
 
+/// Why every handle of a process refuses calls after the ledger's `-shm`
+/// was deleted, until one alone is left to open again.
+const SHM_LOST_UNDER_OTHER_HANDLES: &str = "the ledger's -shm was deleted while open, and other \
+     handles in this process still use it: close every handle on this ledger here, then open \
+     it again";
+
 impl Drop for Store {
     /// A connection whose `-shm` was replaced, or whose WAL was deleted
     /// while another connection now writes a new one, must not close as
@@ -832,6 +838,13 @@ impl Store {
         };
         if loss == Loss::None {
             return Ok(());
+        }
+        // SQLite maps a file's `-shm` once per process: while another
+        // handle here keeps the deleted one mapped, a new connection would
+        // map it again, and go on unseen by other processes.
+        let shm_lost = matches!(loss, Loss::ShmReplaced | Loss::BothRemoved { .. });
+        if shm_lost && self.file_lease.as_ref().is_some_and(Lease::shared) {
+            return Err(Error::Conflict(SHM_LOST_UNDER_OTHER_HANDLES));
         }
         let path = path.clone();
         if loss == (Loss::WalDeletedAlone { copy_first: true }) {
