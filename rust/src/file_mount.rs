@@ -25,8 +25,15 @@ const MOUNTED_ALONE: &str = "database file is mounted on its own (a bind mount o
      mount its directory instead";
 
 /// Refuses the opened database `file` when it is reached through another
-/// mount than its directory, `parent`.
-pub fn refuse_file_mounted_alone(file: &File, parent: &Path) -> Result<()> {
+/// mount than its directory, `parent`. `file` is the process's one shared
+/// descriptor (`held_files`), perhaps opened by an earlier handle through
+/// another spelling of the path (a directory mounted twice); its mount then
+/// says nothing of this path's, and nothing is judged.
+pub fn refuse_file_mounted_alone(file: &File, path: &Path, parent: &Path) -> Result<()> {
+    let opened_as = fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    if opened_as.ok().as_deref() != Some(path) {
+        return Ok(());
+    }
     let Some(file_mount) = mount_id(file) else {
         return Ok(());
     };
@@ -74,7 +81,7 @@ mod tests {
         fs::create_dir_all(&dir)?;
         let path = dir.join("ledger.db");
         fs::write(&path, b"")?;
-        let outcome = refuse_file_mounted_alone(&File::open(&path)?, &dir);
+        let outcome = refuse_file_mounted_alone(&File::open(&path)?, &path, &dir);
         fs::remove_dir_all(&dir)?;
         outcome
     }

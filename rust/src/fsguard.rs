@@ -304,7 +304,7 @@ pub fn prepare_file(path: &DbPath, writable: bool, create: bool) -> Result<(Iden
     if !is_single_regular(&meta) || !same {
         return Err(NOT_REGULAR);
     }
-    file_mount::refuse_file_mounted_alone(lease.file(), &path.parent)?;
+    file_mount::refuse_file_mounted_alone(lease.file(), &path.file, &path.parent)?;
     secure_mode(lease.file(), &meta, writable)?;
     let identity = Identity {
         dev: meta.dev(),
