@@ -100,7 +100,13 @@ def test_a_deleted_shm_stops_a_process_with_two_handles_until_one_is_left(
     for handle in (first, beside):
         with pytest.raises(StateConflict, match="other handles in this process"):
             handle.claim_next("first")
+    # A handle opened anew beside the one still open would get SQLite's
+    # mapping of the deleted file too: refused as well.
+    first.close()
+    with pytest.raises(StateConflict, match="other handles in this process"):
+        Ledger(db)
     beside.close()
+    first = Ledger(db)
     mine, theirs = _claims_beside_a_second_process(db, first)
     first.close()
     _took_turns(db, mine, theirs)

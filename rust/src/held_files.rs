@@ -31,6 +31,11 @@ struct Entry {
     /// Read-only handles that made SQLite map the WAL's shared memory
     /// read-only (see [`Lease::enter_as_reader`]).
     readonly_shm: usize,
+    /// The `-shm` the process's SQLite maps for this file, as the first
+    /// writable handle found it: SQLite maps it once per process, so a
+    /// handle opening beside others gets that mapping, whatever file is at
+    /// the name now (see `Store::open`).
+    mapped_shm: Option<Key>,
     /// The process that opened the descriptor: a forked child forgets the
     /// parent's entries (see [`forget_inherited`]).
     pid: u32,
@@ -77,6 +82,21 @@ impl Lease {
         self.file
             .as_deref()
             .expect("a lease holds its file until dropped")
+    }
+
+    /// Whether the process's SQLite maps `shm` for this file: records it
+    /// when no other handle of the process uses the file (or none recorded
+    /// one), and otherwise compares it with the one recorded.
+    pub fn maps_shm(&self, shm: Option<Key>) -> bool {
+        let mut held = held();
+        let Some(entry) = held.iter_mut().find(|e| e.key == self.key) else {
+            return true;
+        };
+        if entry.leases == 1 || entry.mapped_shm.is_none() {
+            entry.mapped_shm = shm;
+            return true;
+        }
+        entry.mapped_shm == shm
     }
 
     /// Whether other handles of this process use the file too.
@@ -199,6 +219,7 @@ pub fn lease(expected: Option<Key>, open: impl FnOnce() -> io::Result<File>) -> 
         leases: 0,
         writers: 0,
         readonly_shm: 0,
+        mapped_shm: None,
         pid: std::process::id(),
     });
     let last = held.len() - 1;

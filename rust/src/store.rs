@@ -262,9 +262,9 @@ pub struct Store {
 
 /// Why every handle of a process refuses calls after the ledger's `-shm`
 /// was deleted, until one alone is left to open again.
-const SHM_LOST_UNDER_OTHER_HANDLES: &str = "the ledger's -shm was deleted while open, and other \
-     handles in this process still use it: close every handle on this ledger here, then open \
-     it again";
+const SHM_LOST_UNDER_OTHER_HANDLES: &str = "the ledger's -shm was deleted while open (by hand, \
+     or by another SQLite library in this process closing its connection), and other handles in \
+     this process still use it: close every handle on this ledger here, then open it again";
 
 impl Drop for Store {
     /// A connection whose `-shm` was replaced, or whose WAL was deleted
@@ -362,6 +362,7 @@ impl Store {
         fsguard::secure_sidecars(&path, true)?;
         store.wal = Some(wal_flush::Pacer::new(fsguard::open_wal(&path)?));
         store.shm = sidecar_loss::shm_key(&path);
+        store.refuse_unless_the_process_maps_this_shm()?;
         Ok(store)
     }
 
@@ -865,7 +866,21 @@ impl Store {
         fsguard::secure_sidecars(&path, true)?;
         self.wal = Some(wal_flush::Pacer::new(fsguard::open_wal(&path)?));
         self.shm = sidecar_loss::shm_key(&path);
-        Ok(())
+        self.refuse_unless_the_process_maps_this_shm()
+    }
+
+    /// A handle opened beside others of its process gets SQLite's one
+    /// mapping of the file's `-shm` in the process: after that file was
+    /// deleted, the old one, whatever is at the name now. It would go on
+    /// unseen by other processes (a review had 25 of 25 tasks claimed
+    /// twice), so it is refused while the others keep it.
+    fn refuse_unless_the_process_maps_this_shm(&self) -> Result<()> {
+        match &self.file_lease {
+            Some(lease) if !lease.maps_shm(self.shm) => {
+                Err(Error::Conflict(SHM_LOST_UNDER_OTHER_HANDLES))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Copies every commit of a WAL deleted by hand into the database file
