@@ -41,27 +41,47 @@ def _owners(db: Path, ids: list[str]) -> list[str | None]:
         return [reader.get_task(i).owner for i in ids]
 
 
+class _Child:
+    """A process running ``script`` on the ledger, told what to do line by
+    line; it prints ``ready`` once it has opened the ledger."""
+
+    def __init__(self, script: str, db: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", script, str(db)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.ask(None) == "ready"
+
+    def ask(self, line: str | None) -> str:
+        """Sends ``line`` (if any); the child's next line of answer."""
+        pipes = self.process.stdin, self.process.stdout
+        assert pipes[0] is not None and pipes[1] is not None
+        if line is not None:
+            pipes[0].write(line + "\n")
+            pipes[0].flush()
+        return pipes[1].readline().strip()
+
+    def finish(self) -> str:
+        """Closes its input; its last line of answer, once it has exited."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()
+        last = self.process.stdout.readline().strip()
+        assert self.process.wait(timeout=60) == 0
+        self.process.stdout.close()
+        return last
+
+
 def _claims_beside_a_second_process(db: Path, first: Ledger) -> tuple[list[str], list[str]]:
     """``first`` and a process that opens the ledger now claim one task
     each, in turn, 30 times: what each was told it claimed."""
+    second = _Child(_SECOND_WORKER, db)
     mine: list[str] = []
-    with subprocess.Popen(
-        [sys.executable, "-c", _SECOND_WORKER, str(db)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as second:
-        assert second.stdin is not None and second.stdout is not None
-        assert second.stdout.readline().strip() == "ready"
-        for _ in range(30):
-            mine += [t.id for t in first.claim_next("first")]
-            second.stdin.write("next\n")
-            second.stdin.flush()
-            assert second.stdout.readline().strip() == "claimed"
-        second.stdin.close()
-        theirs = json.loads(second.stdout.readline())
-        assert second.wait(timeout=60) == 0
-    return mine, theirs
+    for _ in range(30):
+        mine += [t.id for t in first.claim_next("first")]
+        assert second.ask("next") == "claimed"
+    return mine, json.loads(second.finish())
 
 
 def _took_turns(db: Path, mine: list[str], theirs: list[str]) -> None:
@@ -156,19 +176,10 @@ with Ledger(sys.argv[1]) as ledger:
 def _claims_by_a_newcomer(db: Path, before_it_claims: Callable[[], None]) -> list[str]:
     """A newcomer opens and reads the ledger; ``before_it_claims`` runs;
     then it claims five tasks. Returns their ids."""
-    with subprocess.Popen(
-        [sys.executable, "-c", _NEWCOMER, str(db)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as newcomer:
-        assert newcomer.stdin is not None and newcomer.stdout is not None
-        assert newcomer.stdout.readline().strip() == "ready"
-        before_it_claims()
-        newcomer.stdin.write("claim\n")
-        newcomer.stdin.flush()
-        claimed = json.loads(newcomer.stdout.readline())
-        assert newcomer.wait(timeout=60) == 0
+    newcomer = _Child(_NEWCOMER, db)
+    before_it_claims()
+    claimed = json.loads(newcomer.ask("claim"))
+    newcomer.finish()
     return claimed
 
 
