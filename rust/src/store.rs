@@ -275,10 +275,10 @@ impl Drop for Store {
     /// in first, without waiting for readers (a close must not hang; those
     /// readers copy it at their own next call); the close then runs as
     /// usual, and as the last one it removes the sidecars left behind.
-    /// With both sidecars removed it runs as usual too: SQLite copies our
-    /// WAL only as the file's last connection, when no other can cache a
-    /// page. A handle already closing without a checkpoint (a forked
-    /// child's) is left alone.
+    /// With both sidecars removed and none back at the names it runs as
+    /// usual too: SQLite copies our WAL only as the file's last connection,
+    /// and no connection has opened since. A handle already closing without
+    /// a checkpoint (a forked child's) is left alone.
     fn drop(&mut self) {
         let closing_plainly = self
             .conn
@@ -828,10 +828,10 @@ impl Store {
     /// the connection is replaced (see `sidecar_loss` for how either
     /// happens). A WAL deleted by hand alone, with no new one written, is
     /// first copied into the database file through the old connection,
-    /// which then closes
-    /// without a last connection's checkpoint and WAL removal (its views
-    /// are stale, and a WAL at the name now is another's) before the new
-    /// one opens, as closing releases the process's locks on the file.
+    /// which then closes without a last connection's checkpoint and WAL
+    /// removal (its views are stale, and a WAL at the name now is
+    /// another's) before the new one opens, as closing releases the
+    /// process's locks on the file.
     fn replace_connection_if_sidecars_lost(&mut self) -> Result<()> {
         let loss = self.sidecar_loss();
         let Backing::File { path, .. } = &self.backing else {
