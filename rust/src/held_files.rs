@@ -16,8 +16,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Device and inode.
-type Key = (u64, u64);
+use crate::fsguard::FileKey as Key;
 
 struct Entry {
     key: Key,

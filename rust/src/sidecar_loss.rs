@@ -77,17 +77,15 @@ pub fn judge(path: &DbPath, wal: &File, shm: Option<FileKey>) -> Loss {
             Loss::None
         };
     }
+    let wal_now = fs::symlink_metadata(fsguard::sidecar(path, "-wal")).ok();
     if !shm_is_ours {
-        let at_name = |suffix| fsguard::key_at(&fsguard::sidecar(path, suffix)).is_some();
         return Loss::BothRemoved {
-            reopened: shm_now.is_some() || at_name("-wal"),
+            reopened: shm_now.is_some() || wal_now.is_some(),
         };
     }
     // A WAL without a frame is at most its 32-byte header.
-    let no_new_frames = fs::symlink_metadata(fsguard::sidecar(path, "-wal"))
-        .map_or(true, |wal| wal.len() <= WAL_HEADER_BYTES);
     Loss::WalDeletedAlone {
-        copy_first: no_new_frames,
+        copy_first: wal_now.is_none_or(|wal| wal.len() <= WAL_HEADER_BYTES),
     }
 }
 

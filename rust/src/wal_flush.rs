@@ -82,8 +82,8 @@ pub struct Pacer {
     last: Option<Instant>,
 }
 
-/// Which file a WAL descriptor names: its device and inode.
-type WalKey = Option<(u64, u64)>;
+/// Which file a WAL descriptor names, when its metadata could be read.
+type WalKey = Option<crate::fsguard::FileKey>;
 
 impl Pacer {
     #[must_use]
