@@ -192,21 +192,29 @@ def test_charge_fields(db_path: Path, tasks: list[str]) -> None:
     assert (task["llm_calls_used"], task["tokens_used"], task["cost_used_micros"]) == (1, 30, 7)
 
 
-def test_refused_charges_exit_zero(db_path: Path, tasks: list[str]) -> None:
+def refused(db: Path, *argv: str) -> Any:
+    """A charge the guard refused: the answer (``ok``, ``allowed: false``)
+    on one line, and exit 1, so ``charge ... && call_llm`` stops."""
+    code, out, raw = cli(db, *argv)
+    assert (code, out["ok"], out["charge"]["allowed"]) == (1, True, False), raw
+    assert raw.strip() == json.dumps(out, sort_keys=True, separators=(",", ":"))
+    return out
+
+
+def test_refused_charges_exit_one(db_path: Path, tasks: list[str]) -> None:
     # not running
-    out = ok(db_path, "charge", tasks[0])
+    out = refused(db_path, "charge", tasks[0])
     assert (out["charge"]["allowed"], out["charge"]["escalated"]) == (False, False)
     ok(db_path, "claim", tasks[0], "--worker", "w1")
     # another worker, a stale attempt: refused, nothing written
     before = logical_dump(db_path)
-    out = ok(db_path, "charge", tasks[0], "--worker", "w2")
+    out = refused(db_path, "charge", tasks[0], "--worker", "w2")
     assert (out["charge"]["allowed"], out["charge"]["calls_used"]) == (False, 0)
-    out = ok(db_path, "charge", tasks[0], "--attempt", "2")
-    assert out["charge"]["allowed"] is False
+    refused(db_path, "charge", tasks[0], "--attempt", "2")
     assert logical_dump(db_path) == before
     # the budget runs out: the third call escalates
     assert ok(db_path, "charge", tasks[0], "--calls", "2")["charge"]["allowed"] is True
-    out = ok(db_path, "charge", tasks[0], "--worker", "w1", "--attempt", "1")
+    out = refused(db_path, "charge", tasks[0], "--worker", "w1", "--attempt", "1")
     assert (out["charge"]["allowed"], out["charge"]["escalated"], out["charge"]["exhausted"]) == (
         False,
         True,
@@ -261,7 +269,7 @@ def test_grant_and_requeue_give_an_escalated_task_another_chance(
     db_path: Path, tasks: list[str]
 ) -> None:
     ok(db_path, "claim", tasks[0], "--worker", "w1")
-    ok(db_path, "charge", tasks[0], "--calls", "3")  # over budget: escalated
+    refused(db_path, "charge", tasks[0], "--calls", "3")  # over budget: escalated
     assert get(db_path, tasks[0])["status"] == "escalated"
     ok(db_path, "grant", tasks[0], "--calls", "5")
     assert ok(db_path, "requeue", tasks[0])["task"]["status"] == "queued"
@@ -464,8 +472,9 @@ def test_list_as_text_says_why_a_task_waits_and_when_it_changed(
     """An operator tells a budget escalation from an attempts one, reads
     used/limit figures and calendar times (UTC), not epoch seconds."""
     ok(db_path, "claim", tasks[0], "--worker", "w1")
-    for _ in range(3):  # a budget of 2 calls: the third escalates
+    for _ in range(2):  # a budget of 2 calls: the third escalates
         ok(db_path, "charge", tasks[0], "--worker", "w1")
+    refused(db_path, "charge", tasks[0], "--worker", "w1")
     _, _, raw = cli(db_path, "list", "--status", "escalated", "--format", "text")
     header, row = raw.splitlines()[1:]
     assert header.split()[5:] == ["CODE", "ATTEMPTS", "LLM_CALLS", "UPDATED_AT"]
@@ -487,6 +496,10 @@ def test_charge_as_text(db_path: Path, tasks: list[str]) -> None:
     assert rows["calls_used"] == "1" and rows["tokens_used"] == "5"
     assert rows["calls_remaining"] == "1" and rows["cost_budget_micros"] == "-"
     assert get(db_path, tasks[0])["tokens_used"] == 5
+    ok(db_path, "charge", tasks[0])
+    code, _, raw = cli(db_path, "charge", tasks[0], "--format", "text")
+    assert code == 1, raw  # the last call of 2 is spent: refused, and the shell hears it
+    assert "  allowed                no" in raw.splitlines()
 
 
 def test_budget_as_text_is_headed_budget(db_path: Path, tasks: list[str]) -> None:

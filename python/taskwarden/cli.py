@@ -30,18 +30,20 @@ from .ledger import Ledger
 
 __all__ = ["build_parser", "main"]
 
-EXIT_OK, EXIT_UNHEALTHY, EXIT_LEDGER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+# 1 is a "no" the command was asked to find out: an unhealthy file, a refused charge.
+EXIT_OK, EXIT_NO, EXIT_LEDGER_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # the shell's code for a command stopped by SIGINT
 
 # Help text lives here, not in the docstring: `python -OO` drops docstrings.
 ABOUT = "taskwarden: the task-state ledger for AI-agent fleets, from the shell."
 OUTPUTS = """Every command prints one line of JSON with sorted keys (or a readable table
-with --format text; an error's text also says why). Exit codes: 0 ok, 1
-unhealthy doctor, 2 ledger error (bad input, conflict, busy, missing task), 3
-internal error (or an answer that could not be written), 130 interrupted
-(Ctrl-C). Rejected arguments are never echoed back. Input the arguments
-alone show to be bad writes nothing, not even a new file; a reason code is
-judged after the open, against the stored task, as the peer does."""
+with --format text; an error's text also says why). Exit codes: 0 ok, 1 the
+answer is no (an unhealthy doctor, a refused charge), 2 ledger error (bad
+input, conflict, busy, missing task), 3 internal error (or an answer that
+could not be written), 130 interrupted (Ctrl-C). Rejected arguments are never
+echoed back. Input the arguments alone show to be bad writes nothing, not even
+a new file; a reason code is judged after the open, against the stored task,
+as the peer does."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,7 +189,7 @@ def _cmd_reconcile(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_doctor(args: argparse.Namespace) -> dict[str, Any]:
     with _open(args) as ledger:
         report = ledger.doctor()
-    return {**report, "_healthy": report["healthy"] is True, "_explain": doctor_text(report)}
+    return {**report, "_no": report["healthy"] is not True, "_explain": doctor_text(report)}
 
 
 def _cmd_purge(args: argparse.Namespace) -> dict[str, Any]:
@@ -256,7 +258,7 @@ def _run(argv: Sequence[str] | None) -> int:
         fmt = getattr(args, "format", "json")
         _refuse_bad_input(args)
         payload = COMMANDS[args.command](args)
-        healthy = payload.pop("_healthy", True)
+        answered_no = payload.pop("_no", False)
         explanation = payload.pop("_explain", None)
     except KeyboardInterrupt:
         _say({"ok": False, "error": "Interrupted"}, fmt)
@@ -269,7 +271,7 @@ def _run(argv: Sequence[str] | None) -> int:
         return EXIT_INTERNAL
     if not _say(payload, fmt, explanation):
         return EXIT_INTERNAL
-    return EXIT_OK if healthy else EXIT_UNHEALTHY
+    return EXIT_NO if answered_no else EXIT_OK
 
 
 def _format_asked(argv: Sequence[str]) -> str:
