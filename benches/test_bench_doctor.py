@@ -11,7 +11,11 @@ a lower floor that checks less, timed for context."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,3 +120,72 @@ def test_purge_closed_tasks(benchmark, files: tuple[Path, Path]) -> None:
     report = benchmark.pedantic(purge, setup=setup, rounds=2)
     benchmark.extra_info["longest_batch_ms"] = report["longest_batch_ms"]
     assert report["tasks_purged"] == sum(1 for k in range(N_TASKS) if k % 10 == 9)
+
+
+WRITER = r"""
+import sys, time
+from pathlib import Path
+from taskwarden import Ledger
+ledger = Ledger(sys.argv[1], busy_timeout_ms=60_000)
+stop, acks = Path(sys.argv[2]), []
+ledger.create_task(delivery_required=False)
+print("writing", flush=True)
+while not stop.exists():
+    ledger.create_task(delivery_required=False)
+    acks.append(time.monotonic())
+ledger.close()
+print(*acks)
+"""
+
+
+class Writers:
+    """Four processes creating tasks back to back on ``path`` until told to
+    stop; each keeps the time of every write it was answered."""
+
+    def __init__(self, path: Path) -> None:
+        self.stop = path.with_name(path.name + ".stop")
+        command = [sys.executable, "-c", WRITER, str(path), str(self.stop)]
+        self.procs = [
+            subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(4)
+        ]
+        for proc in self.procs:
+            assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+
+    def acks(self) -> list[list[float]]:
+        """Stops them; each one's answer times."""
+        self.stop.touch()
+        return [[float(at) for at in proc.communicate()[0].split()] for proc in self.procs]
+
+
+@pytest.mark.benchmark(group="purge-beside-writers")
+def test_purge_beside_four_writers(benchmark, files: tuple[Path, Path]) -> None:
+    """A purge while four processes write: how long it takes, and how the
+    writers fare meanwhile (between batches the purge makes way for them)."""
+    counter, windows, fleets = [0], [], []
+
+    def setup():
+        counter[0] += 1
+        path = copy_ledger(files[1], files[1].with_name(f"beside-{counter[0]}.db"))
+        fleets.append(Writers(path))
+        return (path,), {}
+
+    def purge(path: Path) -> dict:
+        with Ledger(path, clock=lambda: NOW, busy_timeout_ms=60_000) as ledger:
+            began = time.monotonic()
+            report = ledger.purge(older_than_seconds=3600)
+            windows.append((began, time.monotonic()))
+        return report
+
+    try:
+        report = benchmark.pedantic(purge, setup=setup, rounds=2)
+    finally:
+        acks = [fleet.acks() for fleet in fleets]
+    assert report["tasks_purged"] == sum(1 for k in range(N_TASKS) if k % 10 == 9)
+    (began, ended), last = windows[-1], acks[-1]
+    inside = [[began, *(at for at in one if began < at < ended), ended] for one in last]
+    benchmark.extra_info["writes_per_second_during"] = round(
+        sum(len(one) - 2 for one in inside) / (ended - began)
+    )
+    benchmark.extra_info["longest_writer_wait_ms"] = round(
+        1000 * max(b - a for one in inside for a, b in itertools.pairwise(one)), 1
+    )

@@ -186,8 +186,8 @@ pub struct PurgeScope {
     pub dry_run: bool,
 }
 
-/// Purges every tree in `scope`, a batch per write transaction, so other
-/// writers never wait long; a dry run counts them in one read transaction
+/// Purges every tree in `scope`, a batch per write transaction, making way
+/// for other writers between batches (see `Store::make_way`); a dry run counts them in one read transaction
 /// (one snapshot: counted batch by batch beside a writer, a preview
 /// reported a count the ledger never held). `between` runs after each
 /// batch; its error stops the purge there, and the batches already
@@ -219,6 +219,7 @@ pub fn purge(
             Some(last) => after = last,
             None => return Ok(report),
         }
+        store.make_way();
         between()?;
     }
 }

@@ -923,6 +923,12 @@ impl Store {
         outcome.map_err(|e| self.interruption.explain(e))
     }
 
+    /// Between two transactions of a long run of writes: lets writers
+    /// waiting for their turn have it (see `Turnstile::make_way`).
+    pub fn make_way(&self) {
+        self.turnstile.make_way();
+    }
+
     /// Runs `op` in one write transaction (`BEGIN IMMEDIATE`): all or nothing.
     pub fn write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.write_sized(Size::Short, op)

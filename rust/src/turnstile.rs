@@ -75,6 +75,14 @@ const STALE_AFTER: Duration = Duration::from_millis(100);
 /// one could fall between two transactions of a live holder.
 const STALE_LOOKS: u32 = 2;
 
+/// How long a long run of writes pauses between its transactions when it
+/// shares the file (see [`Turnstile::make_way`]): time for a woken waiter
+/// to run and take the turn. Beside six workers on a 500,000-task file,
+/// the workers kept 83% of their pace during a purge instead of 29%, their
+/// longest wait fell from 282 to 64 ms, and the purge took 7.3 s instead
+/// of 4.6 s.
+const MAKE_WAY_PAUSE: Duration = Duration::from_millis(1);
+
 /// One handle's turns: shared with its busy handler, which gives a turn up.
 #[derive(Clone, Default)]
 pub struct Turnstile(Arc<Mutex<Turns>>);
@@ -309,6 +317,18 @@ impl Turnstile {
         recent(turns.contended_at) && !recent(turns.stale_at)
     }
 
+    /// Between two transactions of a long run of writes (a purge's
+    /// batches): a handle that met other writers lately pauses for
+    /// [`MAKE_WAY_PAUSE`], so a writer woken from its wait for the turn
+    /// gets it. Without the pause the run's next `try_lock` took the turn
+    /// straight back (1,720 times in 1,875 batches of a purge beside six
+    /// workers). A lone writer does not pause.
+    pub fn make_way(&self) {
+        if self.takes_turns() {
+            std::thread::sleep(MAKE_WAY_PAUSE);
+        }
+    }
+
     fn hold(&self, wal: &Arc<File>) {
         self.turns().held = Some(Arc::clone(wal));
     }
@@ -353,6 +373,21 @@ mod tests {
         let first = contended();
         first.enter(&first_wal, &Interruption::default(), LONG, &mut || false)?;
         Ok((dir, first, first_wal, second_wal))
+    }
+
+    /// A long run of writes pauses between its transactions only while
+    /// the handle shares the file with other writers.
+    #[test]
+    fn only_a_handle_that_met_other_writers_makes_way() {
+        let lone = Turnstile::default();
+        assert!(!lone.takes_turns());
+        let shared = contended();
+        assert!(shared.takes_turns());
+        let started = Instant::now();
+        shared.make_way();
+        assert!(started.elapsed() >= MAKE_WAY_PAUSE);
+        shared.turns().stale_at = Some(Instant::now()); // a turn held by nobody
+        assert!(!shared.takes_turns());
     }
 
     #[test]
