@@ -65,7 +65,9 @@ const WAL_CHECKPOINT_PAGES: i64 = 10_000;
 /// times stand still.
 const NAMES_TRUSTED_FOR: Duration = Duration::from_secs(1);
 
-/// The WAL is truncated to at most this after a checkpoint.
+/// The WAL is cut back to at most this when SQLite starts it over (a
+/// write that finds every frame copied back and no read in progress), not
+/// after every checkpoint: overlapping reads keep it growing (README).
 const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
 
 /// How hard commits are pushed to disk.
