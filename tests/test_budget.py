@@ -825,3 +825,37 @@ def test_cancel_subtree_under_a_root_that_already_ended(ledger: Ledger) -> None:
     assert ledger.cancel(root.id, subtree=True).status == "timed_out"
     assert ledger.get_task(child.id).status == "cancelled"
     assert ledger.doctor()["healthy"] is True
+
+
+def test_a_budget_escalation_is_recorded_for_the_charging_worker(ledger: Ledger) -> None:
+    task = ledger.create_task(llm_calls_budget=0)
+    ledger.claim(task.id, "w1")
+    assert ledger.charge(task.id, worker="w1").escalated
+    last = ledger.events(task.id)[-1]
+    assert (last.to_state, last.code, last.worker) == ("escalated", "budget_exhausted", "w1")
+
+
+def test_with_limits_used_up_on_both_the_task_and_an_ancestor_the_nearest_is_named(
+    ledger: Ledger,
+) -> None:
+    """The chain is judged nearest first (charge.rs: "the task and its
+    ancestors, nearest first"): with both the task's own limit and its
+    parent's used up, exhausted_task_id names the task itself; once it is
+    granted more, the parent's limit is the one left to name."""
+    root = ledger.create_task(llm_calls_budget=1)
+    child = ledger.create_task(parent_id=root.id, llm_calls_budget=1)
+    ledger.claim(child.id, "w")
+    assert ledger.charge(child.id, worker="w").allowed  # both limits now used up
+    assert ledger.budget(child.id).exhausted_task_id == child.id
+    stopped = ledger.charge(child.id, worker="w")
+    assert (stopped.escalated, stopped.exhausted) == (True, "calls")
+    assert stopped.exhausted_task_id == child.id
+    refused = ledger.charge(child.id, worker="w")  # not running: budget()'s figures
+    assert (refused.allowed, refused.exhausted_task_id) == (False, child.id)
+
+    ledger.grant(child.id, calls=5)
+    ledger.requeue(child.id)
+    assert ledger.budget(child.id).exhausted_task_id == root.id
+    ledger.claim(child.id, "w")
+    again = ledger.charge(child.id, worker="w")
+    assert (again.escalated, again.exhausted_task_id) == (True, root.id)

@@ -1467,3 +1467,16 @@ def test_status_counts_keep_the_peer_s_order(tmp_path: Path) -> None:
         assert [k for k in ours[key] if k in peer[key]] == list(peer[key])
     assert list(stats["by_status"]) == list(ours["task_status_counts"])
     assert list(stats["by_delivery"]) == list(ours["delivery_status_counts"])
+
+
+@pytest.mark.parametrize(("name", "code"), [("running", "claimed"), ("queued", "requeued")])
+def test_a_park_code_on_a_task_that_is_not_parked_is_detected(
+    copy: Path, name: str, code: str
+) -> None:
+    with tampering(copy) as conn:
+        conn.execute("UPDATE tasks SET park_code = ? WHERE id = ?", (code, IDS[name]))
+    report = doctor_of(copy)
+    assert report["healthy"] is False
+    assert report["state_inconsistency_count"] >= 1, report
+    with Ledger(copy) as lg, pytest.raises(StateConflict, match="failed validation"):
+        lg.get_task(IDS[name])

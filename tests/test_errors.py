@@ -180,3 +180,21 @@ def test_a_subtree_cancel_passes_over_a_damaged_descendant(
     with contextlib.closing(sqlite3.connect(db_path)) as conn:
         stored = conn.execute("SELECT status FROM tasks WHERE id = ?", (children[1].id,)).fetchone()
     assert stored == ("running",)
+
+
+def test_a_queued_row_with_an_owner_is_damage_that_no_read_or_claim_takes(
+    db_path: Path,
+) -> None:
+    with Ledger(db_path) as ledger:
+        task = ledger.create_task()
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("UPDATE tasks SET owner = 'w9' WHERE id = ?", (task.id,))
+    with Ledger(db_path) as ledger:
+        with pytest.raises(StateConflict, match="stored task metadata failed validation"):
+            ledger.get_task(task.id)
+        assert ledger.claim_next("w2") == []  # passed over, not claimed
+        report = ledger.doctor()
+    assert report["owner_inconsistency_count"] == 1
+    assert report["healthy"] is False
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        assert conn.execute("SELECT status, owner FROM tasks").fetchall() == [("queued", "w9")]

@@ -744,3 +744,27 @@ def test_the_cli_help_lists_the_codes_each_status_allows() -> None:
     for to, codes in taskwarden.TASK_REASON_CODES.items():
         if to.is_terminal:
             assert f"{to}: {', '.join(sorted(codes))}" in close_help
+
+
+@pytest.mark.parametrize("worker", ["w1", None])
+def test_transition_back_to_the_queue_records_released_like_release(
+    worker: str | None, db_path: Path, clock: FrozenClock
+) -> None:
+    with Ledger(db_path, clock=clock) as lg:
+        via_release = lg.create_task()
+        via_transition = lg.create_task()
+        for task in (via_release, via_transition):
+            assert lg.claim(task.id, "w1") is not None
+        lg.release(via_release.id, "w1")
+        back = lg.transition(via_transition.id, "running", "queued", worker=worker)
+        assert (back.status, back.owner, back.park_code) == (S.QUEUED, None, None)
+        # A parked task goes back with `requeued`, the operator's code.
+        parked = lg.create_task()
+        lg.claim(parked.id, "w1")
+        lg.block(parked.id)
+        lg.transition(parked.id, "blocked", "queued")
+    assert events(db_path, via_transition.id)[-1] == (
+        "task_transition", "running", "queued", "released", worker,
+    )  # fmt: skip
+    assert events(db_path, via_release.id)[-1][3] == "released"
+    assert events(db_path, parked.id)[-1][3] == "requeued"

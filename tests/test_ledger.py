@@ -11,6 +11,7 @@ import os
 import pickle
 import threading
 import typing
+import uuid
 import weakref
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from taskwarden import (
     payload_fingerprint,
 )
 
-from .conftest import FrozenClock
+from .conftest import FrozenClock, logical_dump
 
 HASH = "a" * 64
 
@@ -632,3 +633,93 @@ def test_an_open_that_may_not_create_refuses_an_empty_file(db_path: Path) -> Non
     assert db_path.stat().st_size == 0 and db_path.stat().st_mode & 0o777 == 0o644
     with Ledger(db_path) as ledger:  # a creating open makes it a ledger
         assert ledger.create_task().status == TaskStatus.QUEUED
+
+
+def test_children_are_ordered_by_creation_time_before_id(
+    ledger: Ledger, clock: FrozenClock
+) -> None:
+    """SPEC 2.2: children_of orders by (created_at, id). Caller-given ids
+    need not sort in creation order."""
+    parent = ledger.create_task()
+    ids = [str(uuid.UUID(int=n)) for n in (5, 2, 9, 1)]
+    for i, child in enumerate(ids):
+        if i != 2:
+            clock.advance(1)  # the 3rd and 2nd children share an instant
+        ledger.create_task(task_id=child, parent_id=parent.id)
+    expected = sorted(ids, key=lambda c: (ledger.get_task(c).created_at, c))
+    assert [c.id for c in ledger.children_of(parent.id)] == expected
+    assert expected != sorted(ids)  # creation order is not id order here
+    assert [t.id for t in ledger.list_tasks(parent_id=parent.id)] == expected
+
+
+def test_nothing_is_dated_before_a_tasks_delivery(ledger: Ledger, clock: FrozenClock) -> None:
+    task = ledger.create_task(delivery_required=True)
+    ledger.close_task(task.id, "succeeded")
+    clock.advance(10)
+    ledger.set_delivery(task.id, "delivered")
+    clock.advance(-5)  # after the task ended, before its delivery
+    for call in (
+        lambda: ledger.grant(task.id, calls=1),
+        lambda: ledger.create_task(parent_id=task.id),
+    ):
+        with pytest.raises(StateConflict, match="clock moved backwards"):
+            call()
+    assert ledger.children_of(task.id) == []
+    clock.advance(5)
+    assert ledger.grant(task.id, calls=1).llm_calls_budget == 26  # the default 25, plus 1
+
+
+def test_a_grant_never_dates_before_the_tasks_last_change(db_path, clock: FrozenClock) -> None:
+    with Ledger(db_path, clock=clock) as ledger:
+        task = ledger.create_task(llm_calls_budget=1)
+        ledger.start_task(task.id)
+        clock.advance(-1)
+    before = logical_dump(db_path)
+    with (
+        Ledger(db_path, clock=clock) as ledger,
+        pytest.raises(StateConflict, match="clock moved backwards"),
+    ):
+        ledger.grant(task.id, calls=5)
+    assert logical_dump(db_path) == before  # nothing written
+    clock.advance(1)
+    with Ledger(db_path, clock=clock) as ledger:
+        granted = ledger.grant(task.id, calls=5)
+        assert granted.llm_calls_budget == 6
+        assert [e.at for e in ledger.events(task.id)][-1] == clock.now
+
+
+def test_list_pages_walk_every_task_once_in_creation_then_id_order(
+    ledger: Ledger, clock: FrozenClock
+) -> None:
+    """`after=` is a keyset cursor on (created_at, id): walking pages of any
+    size visits every matching task exactly once, oldest first, ties by id,
+    whichever index the filter reads (none, the queue's, a tenant's queue)."""
+    ids = [str(uuid.UUID(int=n)) for n in (9, 3, 7, 1, 8, 2, 6)]
+    created = {}
+    for i, task_id in enumerate(ids):
+        if i % 3 == 0:
+            clock.advance(1.0)  # groups of tasks share a creation time
+        created[task_id] = clock.now
+        ledger.create_task(task_id=task_id, tenant="acme" if i % 2 else None)
+    clock.advance(1.0)
+    ledger.claim(ids[2], "w")  # one task leaves the queue
+    expected_all = sorted(ids, key=lambda t: (created[t], t))
+    for filters, expected in (
+        ({}, expected_all),
+        ({"status": "queued"}, [t for t in expected_all if t != ids[2]]),
+        (
+            {"status": "queued", "tenant": "acme"},
+            [t for t in expected_all if t != ids[2] and ids.index(t) % 2],
+        ),
+    ):
+        for limit in (1, 2, 3, len(ids) + 1):
+            walked: list[str] = []
+            after = None
+            for _ in range(len(ids) + 2):
+                page = ledger.list_tasks(limit=limit, after=after, **filters)
+                assert len(page) <= limit
+                walked += [t.id for t in page]
+                if len(page) < limit:
+                    break
+                after = page[-1].id
+            assert walked == expected, (filters, limit)
