@@ -187,11 +187,11 @@ pub struct PurgeScope {
 }
 
 /// Purges every tree in `scope`, a batch per write transaction, making way
-/// for other writers between batches (see `Store::make_way`); a dry run counts them in one read transaction
-/// (one snapshot: counted batch by batch beside a writer, a preview
-/// reported a count the ledger never held). `between` runs after each
-/// batch; its error stops the purge there, and the batches already
-/// committed stay purged.
+/// for other writers between batches (see `Store::make_way`); a dry run
+/// counts them in one read transaction (one snapshot: counted batch by
+/// batch beside a writer, a preview reported a count the ledger never
+/// held). `between` runs after each batch; its error stops the purge
+/// there, and the batches already committed stay purged.
 pub fn purge(
     store: &mut Store,
     scope: &PurgeScope,
