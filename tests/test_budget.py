@@ -859,3 +859,15 @@ def test_with_limits_used_up_on_both_the_task_and_an_ancestor_the_nearest_is_nam
     ledger.claim(child.id, "w")
     again = ledger.charge(child.id, worker="w")
     assert (again.escalated, again.exhausted_task_id) == (True, root.id)
+
+
+def test_budget_names_used_up_dimensions_in_the_charge_s_order(ledger: Ledger) -> None:
+    task = ledger.create_task(llm_calls_budget=None, token_budget=1, cost_budget_micros=1)
+    ledger.claim(task.id, "w")
+    filled = ledger.charge(task.id, calls=0, tokens=1, cost_micros=1, worker="w")
+    assert (filled.allowed, filled.exhausted) == (True, None)
+    assert ledger.budget(task.id).exhausted == "tokens"
+    stopped = ledger.charge(task.id, calls=0, tokens=1, cost_micros=1, worker="w")
+    assert (stopped.escalated, stopped.exhausted) == (True, "tokens")
+    # Refused now (escalated): the figures are budget()'s, in the same order.
+    assert ledger.charge(task.id, cost_micros=1).exhausted == "tokens"

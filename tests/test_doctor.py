@@ -1480,3 +1480,35 @@ def test_a_park_code_on_a_task_that_is_not_parked_is_detected(
     assert report["state_inconsistency_count"] >= 1, report
     with Ledger(copy) as lg, pytest.raises(StateConflict, match="failed validation"):
         lg.get_task(IDS[name])
+
+
+def test_an_edited_start_time_of_a_task_without_a_timeout_is_detected(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    clock = FrozenClock(1_000.0)
+    with Ledger(path, clock=clock) as ledger:
+        task = ledger.create_task()  # no timeout: no deadline to give it away
+        clock.advance(5)
+        ledger.claim(task.id, "w1")
+        clock.advance(5)
+        ledger.heartbeat(task.id, worker="w1")
+    assert doctor_of(path)["healthy"] is True
+    with tampering(path) as conn:
+        conn.execute("UPDATE tasks SET started_at = 1002.0 WHERE id = ?", (task.id,))
+    report = doctor_of(path)
+    assert report["event_inconsistency_count"] == 1, report
+    assert report["healthy"] is False
+
+
+def test_a_parent_cycle_alone_makes_the_ledger_unhealthy(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with Ledger(path, clock=FrozenClock()) as ledger:  # one instant for both
+        a, b = ledger.create_task(), ledger.create_task()
+    with tampering(path) as conn:
+        conn.execute("UPDATE tasks SET parent_id = ? WHERE id = ?", (b.id, a.id))
+        conn.execute("UPDATE tasks SET parent_id = ? WHERE id = ?", (a.id, b.id))
+    report = doctor_of(path)
+    assert report["parent_cycle_count"] == 1
+    others = {k: v for k, v in report.items() if k.endswith("_count") and k not in (
+        "parent_cycle_count", "task_count", "event_count")}  # fmt: skip
+    assert set(others.values()) == {0}, others  # nothing else sees it
+    assert report["healthy"] is False

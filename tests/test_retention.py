@@ -1015,3 +1015,34 @@ def test_cli_stats(db_path: Path) -> None:
     code, _, text = run_cli("--db", db, "stats", "--format", "text")
     assert code == 0 and not text.lstrip().startswith("{")
     assert "7" in text
+
+
+def test_a_parent_is_refused_by_its_own_rule_and_nothing_is_written(ledger: Ledger) -> None:
+    parent = _closed_parent_with_closed_child(ledger)
+    path = ledger.path
+    before = logical_dump(path)
+    with pytest.raises(StateConflict, match="a task with children cannot be deleted"):
+        ledger.delete_task(parent)
+    assert logical_dump(path) == before
+    assert len(ledger.events(parent)) >= 1
+
+
+def test_a_tenant_s_purge_leaves_a_tree_holding_another_tenant_s_task(
+    db_path: Path, clock: FrozenClock
+) -> None:
+    with opened(db_path, clock) as lg:
+        root = lg.create_task(tenant="acme", delivery_required=False).id
+        mine = lg.create_task(parent_id=root, tenant="acme", delivery_required=False).id
+        theirs = lg.create_task(parent_id=root, tenant="beta", delivery_required=False).id
+        for task in (mine, theirs, root):
+            close_fully(lg, task)
+    clock.advance(3600)
+    with opened(db_path, clock) as lg:
+        dry = lg.purge(older_than_seconds=60, dry_run=True, tenant="acme")
+        report = lg.purge(older_than_seconds=60, tenant="acme")
+        assert (report["trees_purged"], report["tasks_purged"]) == (0, 0)
+        assert counts(dry) == {**counts(report), "dry_run": True}
+        assert {t.id for t in lg.list_tasks()} == {root, mine, theirs}
+        assert lg.purge(older_than_seconds=60, tenant="beta")["tasks_purged"] == 0
+        # Unscoped, the whole tree goes.
+        assert lg.purge(older_than_seconds=60)["tasks_purged"] == 3
