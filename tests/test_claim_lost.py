@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from taskwarden import ClaimLost, Ledger, LedgerBusy, StateConflict
+from taskwarden import ClaimLost, InvalidInput, Ledger, LedgerBusy, StateConflict
 
 from .conftest import FrozenClock, logical_dump, run_cli
 
@@ -268,3 +268,17 @@ def test_the_readmes_agent_loop_survives_a_lost_claim(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["stolen running someone-else", "done 3"]
+
+
+def test_a_lost_claim_closing_with_a_bad_code_is_bad_input_first(ledger: Ledger) -> None:
+    task = ledger.create_task()
+    ledger.claim(task.id, "w1")
+    ledger.release(task.id, "w1")
+    ledger.claim(task.id, "w2")  # w1's claim is over
+    before = ledger.get_task(task.id)
+    for code in ("Not-A-Code", "no_such_code", "worker_failed"):  # format, registry, status
+        with pytest.raises(InvalidInput):
+            ledger.close_task(task.id, "succeeded", code=code, worker="w1")
+    with pytest.raises(ClaimLost):
+        ledger.close_task(task.id, "succeeded", code="worker_completed", worker="w1")
+    assert ledger.get_task(task.id) == before
