@@ -26,6 +26,8 @@ from .conftest import scaled
 from .ledgers import NOW, copy_ledger, make_peer_ledger
 
 N_TASKS = scaled(100_000)
+#: The generated file's tasks a purge takes: succeeded and delivered days ago.
+PURGEABLE = sum(1 for k in range(N_TASKS) if k % 10 == 9)
 
 
 def _peer_and_ours(
@@ -119,7 +121,7 @@ def test_purge_closed_tasks(benchmark, files: tuple[Path, Path]) -> None:
 
     report = benchmark.pedantic(purge, setup=setup, rounds=2)
     benchmark.extra_info["longest_batch_ms"] = report["longest_batch_ms"]
-    assert report["tasks_purged"] == sum(1 for k in range(N_TASKS) if k % 10 == 9)
+    assert report["tasks_purged"] == PURGEABLE
 
 
 WRITER = r"""
@@ -161,13 +163,19 @@ class Writers:
 def test_purge_beside_four_writers(benchmark, files: tuple[Path, Path]) -> None:
     """A purge while four processes write: how long it takes, and how the
     writers fare meanwhile (between batches the purge makes way for them)."""
-    counter, windows, fleets = [0], [], []
+    counter, windows, answered = [0], [], []
+    fleets: dict[Path, Writers] = {}
 
     def setup():
         counter[0] += 1
         path = copy_ledger(files[1], files[1].with_name(f"beside-{counter[0]}.db"))
-        fleets.append(Writers(path))
+        fleets[path] = Writers(path)
         return (path,), {}
+
+    def stop(path: Path) -> None:
+        # Each round's writers stop with it: left running, they would load
+        # the machine through the next round.
+        answered.append(fleets.pop(path).acks())
 
     def purge(path: Path) -> dict:
         with Ledger(path, clock=lambda: NOW, busy_timeout_ms=60_000) as ledger:
@@ -177,11 +185,12 @@ def test_purge_beside_four_writers(benchmark, files: tuple[Path, Path]) -> None:
         return report
 
     try:
-        report = benchmark.pedantic(purge, setup=setup, rounds=2)
-    finally:
-        acks = [fleet.acks() for fleet in fleets]
-    assert report["tasks_purged"] == sum(1 for k in range(N_TASKS) if k % 10 == 9)
-    (began, ended), last = windows[-1], acks[-1]
+        report = benchmark.pedantic(purge, setup=setup, teardown=stop, rounds=2)
+    finally:  # a disabled (smoke) run skips the teardown
+        for path in list(fleets):
+            stop(path)
+    assert report["tasks_purged"] == PURGEABLE
+    (began, ended), last = windows[-1], answered[-1]
     inside = [[began, *(at for at in one if began < at < ended), ended] for one in last]
     benchmark.extra_info["writes_per_second_during"] = round(
         sum(len(one) - 2 for one in inside) / (ended - began)

@@ -162,7 +162,7 @@ Run = Callable[[argparse.Namespace, Ledger], dict[str, Any]]
 
 
 def _charge(result: Any) -> dict[str, Any]:
-    """A refused charge exits 1, so ``taskwarden charge ... && call_llm``
+    """A refused charge exits 1, so ``taskwarden charge ... && call_the_llm``
     in a shell loop stops spending when the guard says no."""
     return {"ok": True, "charge": result.to_dict(), "_no": not result.allowed}
 
