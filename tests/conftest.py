@@ -5,8 +5,11 @@ ledger file (to prove that refused calls write nothing)."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +26,39 @@ from taskwarden.cli import main
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run the long campaigns")
+
+
+#: The longest one test may take before the run stops with every thread's
+#: traceback: a hung test fails the run in minutes instead of eating CI's
+#: whole budget. The slowest test takes about 40 s on a 2-core machine; the
+#: long campaigns (``--run-slow``, ``TASKWARDEN_LONG=1``) get an hour.
+HANG_LIMIT_SECONDS = 600
+LONG_HANG_LIMIT_SECONDS = 3_600
+_hang_limit = HANG_LIMIT_SECONDS
+_hang_report_fd = 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _hang_limit, _hang_report_fd
+    # A run started in the background by a shell without job control
+    # (``nohup pytest &``) inherits SIGINT ignored, and so does every child
+    # it starts: the Ctrl-C tests would then test nothing. Python's own
+    # handler here makes the children start with the default again.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    long_run = config.getoption("--run-slow") or os.environ.get("TASKWARDEN_LONG") == "1"
+    _hang_limit = LONG_HANG_LIMIT_SECONDS if long_run else HANG_LIMIT_SECONDS
+    # The real stderr, before output capture takes fd 2 for each test.
+    _hang_report_fd = os.dup(2)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    faulthandler.dump_traceback_later(_hang_limit, exit=True, file=_hang_report_fd)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
