@@ -30,7 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 #: The longest one test may take before the run stops with every thread's
 #: traceback: a hung test fails the run in minutes instead of eating CI's
-#: whole budget. The slowest test takes about 40 s on a 2-core machine; the
+#: whole budget. The slowest test takes about 20 s on a 2-core machine; the
 #: long campaigns (``--run-slow``, ``TASKWARDEN_LONG=1``) get an hour.
 HANG_LIMIT_SECONDS = 600
 LONG_HANG_LIMIT_SECONDS = 3_600
