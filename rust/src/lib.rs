@@ -38,6 +38,7 @@ mod tasks;
 mod turnstile;
 mod validate;
 mod wal_flush;
+mod wal_growth;
 
 use pyo3::prelude::*;
 

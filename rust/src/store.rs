@@ -23,6 +23,7 @@ use crate::sidecar_loss::{self, Loss};
 use crate::snapshot;
 use crate::turnstile::Turnstile;
 use crate::wal_flush;
+use crate::wal_growth::{WalGrowth, WAL_SIZE_LIMIT_BYTES};
 
 /// Page cache per connection for everyday work (negative: KiB). Kept
 /// small on purpose: a commit whose b-tree balance renumbered pages (most
@@ -64,11 +65,6 @@ const WAL_CHECKPOINT_PAGES: i64 = 10_000;
 /// How long a check of the file's names is trusted while the directory's
 /// times stand still.
 const NAMES_TRUSTED_FOR: Duration = Duration::from_secs(1);
-
-/// The WAL is cut back to at most this when SQLite starts it over (a
-/// write that finds every frame copied back and no read in progress), not
-/// after every checkpoint: overlapping reads keep it growing (README).
-const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
 
 /// How hard commits are pushed to disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,6 +255,8 @@ pub struct Store {
     probing: busy::Probing,
     /// This handle's turn for the write lock, while it holds one.
     turnstile: Turnstile,
+    /// Whether reads wait for an oversized WAL to start over (files only).
+    wal_growth: WalGrowth,
     durability: Durability,
 }
 
@@ -587,6 +585,7 @@ impl Store {
             waits: busy::Waits::default(),
             probing: busy::Probing::default(),
             turnstile: Turnstile::default(),
+            wal_growth: WalGrowth::default(),
             durability,
         }
     }
@@ -628,7 +627,7 @@ impl Store {
         self.conn
             .pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
         self.conn
-            .pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
+            .pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES as i64)?;
         events::register_sql_functions(&self.conn)?;
         reconcile::register_sql_function(&self.conn)?;
         Ok(())
@@ -910,6 +909,10 @@ impl Store {
         let racing_reads = self.read_race_timeout();
         let outcome = (|| {
             let reads = matches!(behavior, TransactionBehavior::Deferred);
+            if let (true, Some(wal)) = (reads, &self.wal) {
+                self.wal_growth
+                    .make_way_before_read(&self.conn, wal.wal(), &self.probing);
+            }
             let tx = self.conn.transaction_with_behavior(behavior)?;
             if let (true, Some(timeout)) = (reads, racing_reads) {
                 begin_snapshot(&tx, timeout)?;

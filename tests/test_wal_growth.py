@@ -1,0 +1,126 @@
+"""The WAL starts over once it has grown past 64 MiB, even while reads
+overlap: reads wait for it (and start it over themselves when nothing
+pins it) instead of pinning it forever. A WAL that keeps growing fills
+the disk."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from taskwarden import Ledger
+
+from .conftest import held_open
+
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+#: Another library's read in another process (SQLite's locks are the
+#: process's: one in this process would pin nothing), started once the WAL
+#: holds a commit, so that it reads from the WAL and pins it.
+PIN = """
+import sqlite3, sys
+pin = sqlite3.connect(sys.argv[1], isolation_level=None)
+pin.execute("BEGIN")
+pin.execute("SELECT count(*) FROM tasks").fetchone()
+print("ready", flush=True)
+sys.stdin.read()
+pin.execute("COMMIT")
+"""
+
+
+def _wal_bytes(db_path: Path) -> int:
+    return Path(f"{db_path}-wal").stat().st_size
+
+
+def _grow_wal_past_the_limit(ledger: Ledger, db_path: Path) -> list[str]:
+    ids = []
+    while _wal_bytes(db_path) <= WAL_SIZE_LIMIT:
+        ids.extend(ledger.create_task().id for _ in range(500))
+    return ids
+
+
+def test_a_read_starts_an_oversized_wal_over_once_nothing_pins_it(db_path: Path) -> None:
+    """No write comes after the growth: without the read's own checkpoint
+    the WAL would stay at its size until the next write."""
+    with Ledger(db_path) as writer, Ledger(db_path) as reader:
+        ids = [writer.create_task().id]
+        with held_open(PIN, str(db_path)):
+            ids += _grow_wal_past_the_limit(writer, db_path)
+        assert _wal_bytes(db_path) > WAL_SIZE_LIMIT
+        assert reader.get_task(ids[-1]).id == ids[-1]
+        assert _wal_bytes(db_path) <= WAL_SIZE_LIMIT
+        assert reader.stats()["task_count"] == len(ids)
+        assert reader.doctor()["healthy"] is True
+
+
+def test_a_read_beside_a_reader_that_keeps_pinning_the_wal_still_answers(
+    db_path: Path,
+) -> None:
+    """Another library's read that never ends: the read waits a while,
+    answers from the latest commit, and the handle's next reads do not
+    wait again."""
+    with Ledger(db_path) as writer, Ledger(db_path) as reader:
+        ids = [writer.create_task().id]
+        with held_open(PIN, str(db_path)):
+            ids += _grow_wal_past_the_limit(writer, db_path)
+            assert reader.stats()["task_count"] == len(ids)
+            started = time.monotonic()
+            for task_id in ids[:50]:
+                assert reader.get_task(task_id).id == task_id
+            assert time.monotonic() - started < 1.0  # no second wait of a second each
+            assert _wal_bytes(db_path) > WAL_SIZE_LIMIT  # pinned: it could not start over
+
+
+#: A worker of the README's loop, until its standard input closes.
+WORKER = """
+import sys, threading
+from taskwarden import Ledger
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+with Ledger(sys.argv[1], busy_timeout_ms=30_000) as ledger:
+    print("ready", flush=True)
+    while not done.is_set():
+        ledger.create_task()
+        for task in ledger.claim_next(sys.argv[2]):
+            ledger.charge(task.id, worker=sys.argv[2], tokens=100)
+            ledger.close_task(task.id, "succeeded", worker=sys.argv[2])
+"""
+
+#: A supervisor polling with no pause between polls, until stdin closes.
+SUPERVISOR = """
+import sys, threading
+from taskwarden import Ledger
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+with Ledger(sys.argv[1], busy_timeout_ms=30_000) as ledger:
+    print("ready", flush=True)
+    while not done.is_set():
+        ledger.list_tasks(limit=200)
+        ledger.stats()
+"""
+
+
+def test_the_wal_starts_over_while_supervisors_poll_without_pause(db_path: Path) -> None:
+    """Three supervisors whose reads always overlap, beside two workers:
+    the WAL once grew by everything the workers wrote for as long as the
+    polling went on (3.3 GiB in 30 s). It must come back to its limit
+    while they poll."""
+    import contextlib
+
+    Ledger(db_path).close()
+    with contextlib.ExitStack() as running:
+        for worker in ("w1", "w2"):
+            running.enter_context(held_open(WORKER, str(db_path), worker))
+        for _ in range(3):
+            running.enter_context(held_open(SUPERVISOR, str(db_path)))
+        grew_past, started_over = False, False
+        deadline = time.monotonic() + 60
+        while not started_over and time.monotonic() < deadline:
+            size = _wal_bytes(db_path)
+            grew_past = grew_past or size > WAL_SIZE_LIMIT
+            started_over = grew_past and size <= WAL_SIZE_LIMIT
+            time.sleep(0.005)
+    assert grew_past, "the workers never wrote 64 MiB in a minute"
+    assert started_over
+    with Ledger(db_path) as ledger:
+        assert ledger.doctor()["healthy"] is True
