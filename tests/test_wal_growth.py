@@ -124,3 +124,39 @@ def test_the_wal_starts_over_while_supervisors_poll_without_pause(db_path: Path)
     assert started_over
     with Ledger(db_path) as ledger:
         assert ledger.doctor()["healthy"] is True
+
+
+#: Reads once the WAL is past its limit and pinned (so the read waits its
+#: full second), with SIGINT 0.2 s into the wait; prints how long the call
+#: took and how it ended.
+INTERRUPTED_READER = """
+import os, signal, sys, threading, time
+from taskwarden import Ledger
+with Ledger(sys.argv[1]) as ledger:
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    began = time.monotonic()
+    try:
+        ledger.stats()
+        print("answered", time.monotonic() - began)
+    except KeyboardInterrupt:
+        print("interrupted", time.monotonic() - began)
+"""
+
+
+def test_ctrl_c_ends_the_wait_for_the_wal_at_once(db_path: Path) -> None:
+    """The wait lasts up to a second; Ctrl-C ends it as it ends a lock
+    wait, not when the second is over."""
+    import subprocess
+    import sys
+
+    with Ledger(db_path) as writer:
+        writer.create_task()
+        with held_open(PIN, str(db_path)):
+            _grow_wal_past_the_limit(writer, db_path)
+            done = subprocess.run(
+                [sys.executable, "-c", INTERRUPTED_READER, str(db_path)],
+                capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+    how, took = done.stdout.split()
+    assert how == "interrupted"
+    assert float(took) < 0.7, took

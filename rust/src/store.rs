@@ -910,8 +910,12 @@ impl Store {
         let outcome = (|| {
             let reads = matches!(behavior, TransactionBehavior::Deferred);
             if let (true, Some(wal)) = (reads, &self.wal) {
-                self.wal_growth
-                    .make_way_before_read(&self.conn, wal.wal(), &self.probing);
+                self.wal_growth.make_way_before_read(
+                    &self.conn,
+                    wal.wal(),
+                    &self.probing,
+                    &self.interruption,
+                )?;
             }
             let tx = self.conn.transaction_with_behavior(behavior)?;
             if let (true, Some(timeout)) = (reads, racing_reads) {

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use crate::busy::Probing;
+use crate::busy::{Interruption, Probing, SignalWatch};
+use crate::errors::Result;
 
 /// SQLite cuts the WAL back to at most this when it starts it over
 /// (`journal_size_limit`), not after every checkpoint; past it, reads wait
@@ -62,25 +63,37 @@ pub struct WalGrowth {
 impl WalGrowth {
     /// Before a read transaction on `conn`, whose WAL is `wal`: while the
     /// WAL is too large, waits (up to [`LONGEST_WAIT`]) for it to start
-    /// over, and tries to start it over now and then. Never fails: the read
-    /// goes on as before whatever happens here.
-    pub fn make_way_before_read(&mut self, conn: &Connection, wal: &File, probing: &Probing) {
+    /// over, and tries to start it over now and then. Fails only for a
+    /// signal (Ctrl-C) during the wait, as a lock wait does: the read goes
+    /// on as before whatever else happens here.
+    pub fn make_way_before_read(
+        &mut self,
+        conn: &Connection,
+        wal: &File,
+        probing: &Probing,
+        interruption: &Interruption,
+    ) -> Result<()> {
         let start = Instant::now();
         if self.quiet_until.is_some_and(|until| start < until) {
-            return;
+            return Ok(());
         }
+        let mut watch = SignalWatch::from(start);
         let mut looks = 0;
         while is_oversized(wal) {
+            if watch.signalled(interruption) {
+                return interruption.stop_if_signalled();
+            }
             if looks % START_OVER_EVERY == START_OVER_EVERY - 1 && copies_back_whole(conn) {
                 probing.during(|| start_over(conn));
             }
             if start.elapsed() >= LONGEST_WAIT {
                 self.quiet_until = Some(Instant::now() + STOP_WAITING_FOR);
-                return;
+                return Ok(());
             }
             std::thread::sleep(POLL);
             looks += 1;
         }
+        Ok(())
     }
 }
 
