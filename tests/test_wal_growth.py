@@ -160,3 +160,34 @@ def test_ctrl_c_ends_the_wait_for_the_wal_at_once(db_path: Path) -> None:
     how, took = done.stdout.split()
     assert how == "interrupted"
     assert float(took) < 0.7, took
+
+
+def test_a_handle_that_may_not_wait_reads_at_once(db_path: Path) -> None:
+    """``busy_timeout_ms=0``: the read does not wait for the WAL either."""
+    with Ledger(db_path) as writer, Ledger(db_path, busy_timeout_ms=0) as reader:
+        ids = [writer.create_task().id]
+        with held_open(PIN, str(db_path)):
+            ids += _grow_wal_past_the_limit(writer, db_path)
+            started = time.monotonic()
+            assert reader.get_task(ids[-1]).id == ids[-1]
+            assert time.monotonic() - started < 0.5
+
+
+def test_a_write_on_the_same_handle_does_not_time_out_behind_the_wait(
+    db_path: Path,
+) -> None:
+    """Calls on one handle queue behind a read's wait for the WAL: it lasts
+    at most half the handle's busy timeout, so a write that comes during
+    it is not refused for a wait it did not make."""
+    import threading
+
+    with Ledger(db_path) as writer, Ledger(db_path, busy_timeout_ms=400) as shared:
+        writer.create_task()
+        with held_open(PIN, str(db_path)):
+            _grow_wal_past_the_limit(writer, db_path)
+            reading = threading.Thread(target=shared.stats)
+            reading.start()
+            time.sleep(0.05)
+            created = shared.create_task()  # LedgerBusy if it waited 1 s
+            reading.join()
+        assert shared.get_task(created.id).status == "queued"

@@ -151,21 +151,35 @@ impl Waits {
 
 /// While it probes, the busy handler answers "busy" at once: a look at
 /// whether SQLite's write lock is free right now, without waiting for it
-/// (see `turnstile`).
+/// (see `turnstile`). A probe with patience waits a few milliseconds at
+/// most, whatever the connection's timeout (see `wal_growth`).
 #[derive(Clone, Default)]
-pub struct Probing(Arc<AtomicBool>);
+pub struct Probing(Arc<Mutex<Option<Instant>>>);
 
 impl Probing {
     /// Runs `probe` with waits for the lock turned off.
     pub fn during<T>(&self, probe: impl FnOnce() -> T) -> T {
-        self.0.store(true, Ordering::Relaxed);
+        self.within(Duration::ZERO, probe)
+    }
+
+    /// Runs `probe` with waits for a lock cut to `patience` in all.
+    pub fn within<T>(&self, patience: Duration, probe: impl FnOnce() -> T) -> T {
+        self.set(Some(Instant::now() + patience));
         let out = probe();
-        self.0.store(false, Ordering::Relaxed);
+        self.set(None);
         out
     }
 
-    fn active(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+    fn set(&self, until: Option<Instant>) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = until;
+        }
+    }
+
+    /// `None` when not probing; else whether the probe may wait on.
+    fn may_wait(&self) -> Option<bool> {
+        let until = (*self.0.lock().ok()?)?;
+        Some(Instant::now() < until)
     }
 }
 
@@ -259,8 +273,11 @@ pub fn install(
     let mut started = Instant::now();
     let mut watch = SignalWatch::from(started);
     conn.busy_handler(Some(move |count: i32| {
-        if probing.active() {
-            return false;
+        if let Some(more) = probing.may_wait() {
+            if more {
+                std::thread::yield_now();
+            }
+            return more;
         }
         if count == 0 {
             // A write that waited for its turn first has one timeout for

@@ -913,8 +913,8 @@ impl Store {
                 self.wal_growth.make_way_before_read(
                     &self.conn,
                     wal.wal(),
-                    &self.probing,
-                    &self.interruption,
+                    Duration::from_millis(u64::from(self.busy_timeout_ms)),
+                    (&self.probing, &self.interruption),
                 )?;
             }
             let tx = self.conn.transaction_with_behavior(behavior)?;

@@ -12,13 +12,14 @@
 //! library first waits for it to start over. Every reader does, so the
 //! reads in progress end and none starts; a waiting reader then finds the
 //! WAL copied back whole (a passive checkpoint) and starts it over itself
-//! (a `TRUNCATE` checkpoint), unless a writer's commit did first. Its busy
-//! handler waits for nothing meanwhile: a writer is held up only while
-//! the checkpoint copies the frames written since, never while it waits
-//! for readers, and a reader that misses the moment tries again 5 ms
-//! later. Beside four workers, the WAL then peaked at 98-255 MiB in 30 s
-//! (one to four readers), the workers kept their pace, and the readers
-//! waited 6-23 ms a cycle at the median.
+//! (a `TRUNCATE` checkpoint), unless a writer's commit did first. That
+//! checkpoint waits for locks a few milliseconds at most, whatever the
+//! handle's busy timeout: a writer is held up while it copies the frames
+//! written since and for that wait, never for a reader's read, and a
+//! reader that misses the moment tries again 5 ms later. Beside four
+//! workers, the WAL then peaked at 98-255 MiB in 30 s (one to four
+//! readers), the workers kept their pace, and the readers waited 6-23 ms
+//! a cycle at the median.
 //!
 //! A read whose wait ends without that (a reader of another library pins
 //! the WAL) goes on as before, and this handle stops waiting for a while:
@@ -40,7 +41,10 @@ use crate::errors::Result;
 pub const WAL_SIZE_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 
 /// How long one read waits at most: for the reads already in progress to
-/// end, and a checkpoint of what they pinned.
+/// end, and a checkpoint of what they pinned. Never more than half the
+/// handle's busy timeout either: other calls on the handle queue behind the
+/// wait, and a handle that may not wait at all (`busy_timeout_ms=0`) does
+/// not.
 const LONGEST_WAIT: Duration = Duration::from_secs(1);
 
 /// How often a waiting read looks at the WAL.
@@ -49,8 +53,19 @@ const POLL: Duration = Duration::from_millis(1);
 /// Every how many looks a waiting read tries to start the WAL over itself.
 const START_OVER_EVERY: u32 = 5;
 
-/// After a wait that did not see the WAL start over, how long this handle
-/// reads without waiting.
+/// How long a waiting read's attempt to start the WAL over waits for
+/// locks: writers queued for the write lock it holds each hold a read lock
+/// for an instant at every try, and one of them refused a restart that
+/// never waited in most attempts (4 workers, 4 readers).
+const START_OVER_PATIENCE: Duration = Duration::from_millis(5);
+
+/// After a wait that ran out with the WAL pinned at one frame all along
+/// its second half (another library's read that does not end), how long
+/// this handle reads without waiting: waiting again would only slow its
+/// reads down. A wait that ran out while the checkpoints still moved on
+/// (other readers' reads ending, one after another) does not stop the
+/// next: five seconds of free reads there kept the WAL pinned from handle
+/// to handle, and it grew to 6.5 GiB in a review (4 workers, 3 readers).
 const STOP_WAITING_FOR: Duration = Duration::from_secs(5);
 
 /// One handle's part in keeping its WAL from growing without bound.
@@ -70,30 +85,62 @@ impl WalGrowth {
         &mut self,
         conn: &Connection,
         wal: &File,
-        probing: &Probing,
-        interruption: &Interruption,
+        busy_timeout: Duration,
+        guards: (&Probing, &Interruption),
     ) -> Result<()> {
+        let (probing, interruption) = guards;
         let start = Instant::now();
         if self.quiet_until.is_some_and(|until| start < until) {
             return Ok(());
         }
+        let longest = LONGEST_WAIT.min(busy_timeout / 2);
         let mut watch = SignalWatch::from(start);
+        let mut pin = Pin::default();
         let mut looks = 0;
         while is_oversized(wal) {
             if watch.signalled(interruption) {
                 return interruption.stop_if_signalled();
             }
-            if looks % START_OVER_EVERY == START_OVER_EVERY - 1 && copies_back_whole(conn) {
-                probing.during(|| start_over(conn));
+            if looks % START_OVER_EVERY == START_OVER_EVERY - 1 && pin.lifted(checkpoint(conn)) {
+                probing.within(START_OVER_PATIENCE, || start_over(conn));
             }
-            if start.elapsed() >= LONGEST_WAIT {
-                self.quiet_until = Some(Instant::now() + STOP_WAITING_FOR);
+            if start.elapsed() >= longest {
+                if pin.held_since(start + longest / 2) {
+                    self.quiet_until = Some(Instant::now() + STOP_WAITING_FOR);
+                }
                 return Ok(());
             }
             std::thread::sleep(POLL);
             looks += 1;
         }
         Ok(())
+    }
+}
+
+/// What one wait's passive checkpoints found: the frame they copied up to
+/// (where the oldest read pins the WAL), and since when it stood there.
+#[derive(Default)]
+struct Pin {
+    at: Option<(i64, Instant)>,
+}
+
+impl Pin {
+    /// Takes one checkpoint's `(frames, copied)` in; true when it copied
+    /// the WAL back whole, so that no read pins it any more.
+    fn lifted(&mut self, found: Option<(i64, i64)>) -> bool {
+        let Some((frames, copied)) = found else {
+            return false;
+        };
+        if self.at.is_none_or(|(before, _)| before != copied) {
+            self.at = Some((copied, Instant::now()));
+        }
+        copied >= frames
+    }
+
+    /// Whether the checkpoints have found the WAL pinned at one frame
+    /// since `moment` or earlier.
+    fn held_since(&self, moment: Instant) -> bool {
+        self.at.is_some_and(|(_, since)| since <= moment)
     }
 }
 
@@ -104,25 +151,27 @@ fn is_oversized(wal: &File) -> bool {
 }
 
 /// Runs a passive checkpoint (it copies what no read pins, and waits for
-/// nothing): whether the WAL is now copied back whole, so that no read
-/// pins it any more. Only then is starting it over worth the write lock.
-fn copies_back_whole(conn: &Connection) -> bool {
-    let outcome = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+/// nothing): the frames in the WAL and how many are copied back, or
+/// `None` when another checkpoint was running or it failed.
+fn checkpoint(conn: &Connection) -> Option<(i64, i64)> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
         Ok((
             r.get::<_, i64>(0)?,
             r.get::<_, i64>(1)?,
             r.get::<_, i64>(2)?,
         ))
-    });
-    outcome.is_ok_and(|(busy, frames, copied)| busy == 0 && copied >= frames)
+    })
+    .ok()
+    .filter(|&(busy, _, _)| busy == 0)
+    .map(|(_, frames, copied)| (frames, copied))
 }
 
 /// Copies the WAL back whole and cuts it to nothing, if no read pins it and
-/// the write lock is free this instant (a `TRUNCATE` checkpoint run while
-/// the busy handler waits for nothing: writers are held up only while it
-/// copies the few frames written since, never while it waits). An error (a
-/// full disk, a damaged file) is not this check's to report: the read goes
-/// on and meets it.
+/// the locks are had within [`START_OVER_PATIENCE`] (a `TRUNCATE`
+/// checkpoint: writers are held up while it copies the few frames written
+/// since and for that wait at most, never for a reader's read). An error
+/// (a full disk, a damaged file) is not this check's to report: the read
+/// goes on and meets it.
 fn start_over(conn: &Connection) {
     let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
 }
