@@ -16,13 +16,12 @@
 //! checkpoint waits for locks a few milliseconds at most, whatever the
 //! handle's busy timeout: a writer is held up while it copies the frames
 //! written since and for that wait, never for a reader's read, and a
-//! reader that misses the moment tries again 5 ms later. Beside four
-//! workers, the WAL then peaked at 98-255 MiB in 30 s (one to four
-//! readers), the workers kept their pace, and the readers waited 6-23 ms
-//! a cycle at the median.
+//! reader that misses the moment tries again 5 ms later.
 //!
-//! A read whose wait ends without that (a reader of another library pins
-//! the WAL) goes on as before, and this handle stops waiting for a while:
+//! A read whose wait ends without that (at most 1 s, and at most half the
+//! handle's busy timeout) goes on as before. When the WAL stayed pinned at
+//! one frame all along (a reader of another library, or a read-only
+//! handle, in a long read), the handle then stops waiting for a while:
 //! waiting again would only slow its reads down. The check before a read
 //! is one `fstat` of the WAL.
 
