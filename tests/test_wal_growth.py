@@ -191,3 +191,18 @@ def test_a_write_on_the_same_handle_does_not_time_out_behind_the_wait(
             created = shared.create_task()  # LedgerBusy if it waited 1 s
             reading.join()
         assert shared.get_task(created.id).status == "queued"
+
+
+def test_a_handle_waits_again_once_the_pin_is_gone(db_path: Path) -> None:
+    """A handle that stopped waiting for a pinned WAL looks now and then
+    whether the pin is gone: once it is, its next read starts the WAL over
+    (it used to read on without waiting for 5 s, while the WAL grew by up
+    to 1 GiB beside busy workers)."""
+    with Ledger(db_path) as writer, Ledger(db_path) as reader:
+        ids = [writer.create_task().id]
+        with held_open(PIN, str(db_path)):
+            ids += _grow_wal_past_the_limit(writer, db_path)
+            assert reader.stats()["task_count"] == len(ids)  # waits, then stops waiting
+        time.sleep(0.3)
+        assert reader.get_task(ids[0]).id == ids[0]
+        assert _wal_bytes(db_path) <= WAL_SIZE_LIMIT
