@@ -31,33 +31,31 @@ def _percentiles(times: list[float]) -> tuple[float, float]:
     return times[int(len(times) * 0.99)] * 1e3, times[-1] * 1e3
 
 
-def _worker(path: str, stop_at: float, results: Any, name: str) -> None:
+def _agent_loop(ledger: Any, name: str) -> None:
+    ledger.create_task(llm_calls_budget=10)
+    for task in ledger.claim_next(name):
+        ledger.charge(task.id, worker=name, tokens=100, cost_micros=1)
+        ledger.heartbeat(task.id, worker=name)
+        ledger.close_task(task.id, "succeeded", worker=name)
+
+
+def _poll(ledger: Any, name: str) -> None:
+    ledger.list_tasks(limit=200)
+    ledger.stats()
+
+
+def _timed(role: str, path: str, stop_at: float, results: Any, name: str) -> None:
+    """One process: the role's step over and over until ``stop_at``."""
     from taskwarden import Ledger
 
-    loops: list[float] = []
+    step = _agent_loop if role == "worker" else _poll
+    times: list[float] = []
     with Ledger(path, busy_timeout_ms=30_000) as ledger:
         while time.time() < stop_at:
             began = time.perf_counter()
-            ledger.create_task(llm_calls_budget=10)
-            for task in ledger.claim_next(name):
-                ledger.charge(task.id, worker=name, tokens=100, cost_micros=1)
-                ledger.heartbeat(task.id, worker=name)
-                ledger.close_task(task.id, "succeeded", worker=name)
-            loops.append(time.perf_counter() - began)
-    results.put(("worker", len(loops), *_percentiles(loops)))
-
-
-def _supervisor(path: str, stop_at: float, results: Any, name: str) -> None:
-    from taskwarden import Ledger
-
-    polls: list[float] = []
-    with Ledger(path, busy_timeout_ms=30_000) as ledger:
-        while time.time() < stop_at:
-            began = time.perf_counter()
-            ledger.list_tasks(limit=200)
-            ledger.stats()
-            polls.append(time.perf_counter() - began)
-    results.put(("supervisor", len(polls), *_percentiles(polls)))
+            step(ledger, name)
+            times.append(time.perf_counter() - began)
+    results.put((role, len(times), *_percentiles(times)))
 
 
 def run(workers: int, supervisors: int, seconds: float, path: Path) -> dict[str, float]:
@@ -68,10 +66,10 @@ def run(workers: int, supervisors: int, seconds: float, path: Path) -> dict[str,
             ledger.create_task(llm_calls_budget=10)
     results: Any = multiprocessing.Queue()
     stop_at = time.time() + seconds
-    roles = [(_worker, f"w{i}") for i in range(workers)]
-    roles += [(_supervisor, f"s{i}") for i in range(supervisors)]
+    roles = [("worker", f"w{i}") for i in range(workers)]
+    roles += [("supervisor", f"s{i}") for i in range(supervisors)]
     procs = [
-        multiprocessing.Process(target=role, args=(str(path), stop_at, results, name))
+        multiprocessing.Process(target=_timed, args=(role, str(path), stop_at, results, name))
         for role, name in roles
     ]
     for proc in procs:

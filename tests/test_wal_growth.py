@@ -71,8 +71,9 @@ def test_a_read_beside_a_reader_that_keeps_pinning_the_wal_still_answers(
             assert _wal_bytes(db_path) > WAL_SIZE_LIMIT  # pinned: it could not start over
 
 
-#: A worker of the README's loop, until its standard input closes.
-WORKER = """
+#: A process that repeats ``{step}`` on a ledger until its standard input
+#: closes.
+UNTIL_STDIN_CLOSES = """
 import sys, threading
 from taskwarden import Ledger
 done = threading.Event()
@@ -80,24 +81,24 @@ threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).sta
 with Ledger(sys.argv[1], busy_timeout_ms=30_000) as ledger:
     print("ready", flush=True)
     while not done.is_set():
+{step}
+"""
+
+#: A worker of the README's loop.
+WORKER = UNTIL_STDIN_CLOSES.format(
+    step="""
         ledger.create_task()
         for task in ledger.claim_next(sys.argv[2]):
             ledger.charge(task.id, worker=sys.argv[2], tokens=100)
-            ledger.close_task(task.id, "succeeded", worker=sys.argv[2])
-"""
+            ledger.close_task(task.id, "succeeded", worker=sys.argv[2])"""
+)
 
-#: A supervisor polling with no pause between polls, until stdin closes.
-SUPERVISOR = """
-import sys, threading
-from taskwarden import Ledger
-done = threading.Event()
-threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-with Ledger(sys.argv[1], busy_timeout_ms=30_000) as ledger:
-    print("ready", flush=True)
-    while not done.is_set():
+#: A supervisor polling with no pause between polls.
+SUPERVISOR = UNTIL_STDIN_CLOSES.format(
+    step="""
         ledger.list_tasks(limit=200)
-        ledger.stats()
-"""
+        ledger.stats()"""
+)
 
 
 def test_the_wal_starts_over_while_supervisors_poll_without_pause(db_path: Path) -> None:
