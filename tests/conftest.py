@@ -34,8 +34,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: long campaigns (``--run-slow``, ``TASKWARDEN_LONG=1``) get an hour.
 HANG_LIMIT_SECONDS = 600
 LONG_HANG_LIMIT_SECONDS = 3_600
+LONG_ENV = "TASKWARDEN_LONG"
 _hang_limit = HANG_LIMIT_SECONDS
 _hang_report_fd = 2
+
+
+def is_long(config: pytest.Config) -> bool:
+    """True for the long campaigns (``--run-slow`` or ``TASKWARDEN_LONG=1``)."""
+    return bool(config.getoption("--run-slow")) or os.environ.get(LONG_ENV, "") == "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,8 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # handler here makes the children start with the default again.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    long_run = config.getoption("--run-slow") or os.environ.get("TASKWARDEN_LONG") == "1"
-    _hang_limit = LONG_HANG_LIMIT_SECONDS if long_run else HANG_LIMIT_SECONDS
+    _hang_limit = LONG_HANG_LIMIT_SECONDS if is_long(config) else HANG_LIMIT_SECONDS
     # The real stderr, before output capture takes fd 2 for each test.
     _hang_report_fd = os.dup(2)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from taskwarden import Ledger
 
-from .conftest import held_open
+from .conftest import held_open, run_python
 
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
@@ -147,18 +147,12 @@ with Ledger(sys.argv[1]) as ledger:
 def test_ctrl_c_ends_the_wait_for_the_wal_at_once(db_path: Path) -> None:
     """The wait lasts up to a second; Ctrl-C ends it as it ends a lock
     wait, not when the second is over."""
-    import subprocess
-    import sys
-
     with Ledger(db_path) as writer:
         writer.create_task()
         with held_open(PIN, str(db_path)):
             _grow_wal_past_the_limit(writer, db_path)
-            done = subprocess.run(
-                [sys.executable, "-c", INTERRUPTED_READER, str(db_path)],
-                capture_output=True, text=True, timeout=60, check=True,
-            )  # fmt: skip
-    how, took = done.stdout.split()
+            answer = run_python(INTERRUPTED_READER, str(db_path))
+    how, took = answer[0].split()
     assert how == "interrupted"
     assert float(took) < 0.7, took
 

@@ -23,7 +23,7 @@ use crate::sidecar_loss::{self, Loss};
 use crate::snapshot;
 use crate::turnstile::Turnstile;
 use crate::wal_flush;
-use crate::wal_growth::{WalGrowth, WAL_SIZE_LIMIT_BYTES};
+use crate::wal_growth::{self, WalGrowth, WAL_SIZE_LIMIT_BYTES};
 
 /// Page cache per connection for everyday work (negative: KiB). Kept
 /// small on purpose: a commit whose b-tree balance renumbered pages (most
@@ -888,12 +888,8 @@ impl Store {
     /// (a checkpoint in `mode`), so they outlive it: `Busy` when readers
     /// kept some from being copied.
     fn copy_lost_wal(&mut self, mode: &str) -> Result<()> {
-        let (busy, frames, copied): (i64, i64, i64) =
-            self.conn
-                .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })?;
-        if busy != 0 || copied < frames {
+        let (busy, frames, copied) = wal_growth::wal_checkpoint(&self.conn, mode)?;
+        if busy || copied < frames {
             return Err(Error::Busy);
         }
         Ok(())

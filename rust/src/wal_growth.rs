@@ -188,20 +188,23 @@ fn is_oversized(wal: &File) -> bool {
     wal.metadata().is_ok_and(|m| m.len() > WAL_SIZE_LIMIT_BYTES)
 }
 
+/// Runs `PRAGMA wal_checkpoint(mode)`: whether it was kept from its lock,
+/// the frames in the WAL, and how many are copied back (SQLite's three
+/// answers; -1 for the counts when the WAL could not be read).
+pub fn wal_checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<(bool, i64, i64)> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+        Ok((r.get::<_, i64>(0)? != 0, r.get(1)?, r.get(2)?))
+    })
+}
+
 /// Runs a passive checkpoint (it copies what no read pins, and waits for
 /// nothing): the frames in the WAL and how many are copied back, or
 /// `None` when another checkpoint was running or it failed.
 fn checkpoint(conn: &Connection) -> Option<(i64, i64)> {
-    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    })
-    .ok()
-    .filter(|&(busy, _, _)| busy == 0)
-    .map(|(_, frames, copied)| (frames, copied))
+    wal_checkpoint(conn, "PASSIVE")
+        .ok()
+        .filter(|&(busy, _, _)| !busy)
+        .map(|(_, frames, copied)| (frames, copied))
 }
 
 /// Copies the WAL back whole and cuts it to nothing, if no read pins it and
@@ -211,5 +214,5 @@ fn checkpoint(conn: &Connection) -> Option<(i64, i64)> {
 /// (a full disk, a damaged file) is not this check's to report: the read
 /// goes on and meets it.
 fn start_over(conn: &Connection) {
-    let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    let _ = wal_checkpoint(conn, "TRUNCATE");
 }

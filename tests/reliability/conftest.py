@@ -20,15 +20,12 @@ import pytest
 
 import taskwarden
 
+from ..conftest import is_long
+
 REPORT_ENV = "TASKWARDEN_RELIABILITY_REPORT"
-LONG_ENV = "TASKWARDEN_LONG"
 
 _FIGURES: dict[str, dict[str, Any]] = {}
 _STARTED = time.time()
-
-
-def is_long(config: pytest.Config) -> bool:
-    return bool(config.getoption("--run-slow")) or os.environ.get(LONG_ENV, "") == "1"
 
 
 @pytest.fixture(scope="session")
