@@ -39,6 +39,7 @@ mod turnstile;
 mod validate;
 mod wal_flush;
 mod wal_growth;
+mod wal_index;
 
 use pyo3::prelude::*;
 

@@ -4,6 +4,7 @@
 //! domain modules, through the transactions it hands them) know the ledger
 //! is SQLite.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +24,7 @@ use crate::sidecar_loss::{self, Loss};
 use crate::snapshot;
 use crate::turnstile::Turnstile;
 use crate::wal_flush;
-use crate::wal_growth::{self, WalGrowth, WAL_SIZE_LIMIT_BYTES};
+use crate::wal_growth::{self, WalGrowth, Watch, WAL_SIZE_LIMIT_BYTES};
 
 /// Page cache per connection for everyday work (negative: KiB). Kept
 /// small on purpose: a commit whose b-tree balance renumbered pages (most
@@ -257,6 +258,9 @@ pub struct Store {
     turnstile: Turnstile,
     /// Whether reads wait for an oversized WAL to start over (files only).
     wal_growth: WalGrowth,
+    /// A read-only handle reading a live file in place: the names of its
+    /// `-wal` and `-shm`, which its reads watch (see `wal_growth`).
+    live_wal_names: Option<(PathBuf, PathBuf)>,
     durability: Durability,
 }
 
@@ -480,6 +484,12 @@ impl Store {
                 "memory",
             ),
         };
+        let live_wal_names = (journal_mode == "wal").then(|| {
+            (
+                fsguard::sidecar(&path, "-wal"),
+                fsguard::sidecar(&path, "-shm"),
+            )
+        });
         let backing = Backing::ReadOnly {
             journal_mode,
             path,
@@ -490,6 +500,7 @@ impl Store {
         };
         let timing = (opts.busy_timeout_ms, opts.durability);
         let mut store = Store::new(conn, backing, Some(lease), timing, interruption.clone());
+        store.live_wal_names = live_wal_names;
         store.install_busy_handler()?;
         busy::install_progress(&mut store.conn, &store.interruption)?;
         store.conn.pragma_update(None, "foreign_keys", true)?;
@@ -529,6 +540,7 @@ impl Store {
                         let copy = copy_in_one_snapshot(&mut self.conn, racing_reads, max_bytes)?;
                         events::register_sql_functions(&copy)?;
                         self.conn = copy;
+                        self.live_wal_names = None;
                         // The live connection and its read-only mapping
                         // of the shared memory are gone.
                         if let Some(lease) = &mut self.file_lease {
@@ -586,6 +598,7 @@ impl Store {
             probing: busy::Probing::default(),
             turnstile: Turnstile::default(),
             wal_growth: WalGrowth::default(),
+            live_wal_names: None,
             durability,
         }
     }
@@ -905,12 +918,20 @@ impl Store {
         let racing_reads = self.read_race_timeout();
         let outcome = (|| {
             let reads = matches!(behavior, TransactionBehavior::Deferred);
-            if let (true, Some(wal)) = (reads, &self.wal) {
+            let watch = match (&self.wal, &self.live_wal_names) {
+                (Some(wal), _) => Some(Watch::Writable {
+                    conn: &self.conn,
+                    wal: wal.wal(),
+                    probing: &self.probing,
+                }),
+                (None, Some((wal, shm))) => Some(Watch::ReadOnly { wal, shm }),
+                (None, None) => None,
+            };
+            if let (true, Some(watch)) = (reads, watch) {
                 self.wal_growth.make_way_before_read(
-                    &self.conn,
-                    wal.wal(),
+                    &watch,
                     Duration::from_millis(u64::from(self.busy_timeout_ms)),
-                    (&self.probing, &self.interruption),
+                    &self.interruption,
                 )?;
             }
             let tx = self.conn.transaction_with_behavior(behavior)?;

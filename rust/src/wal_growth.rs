@@ -10,28 +10,38 @@
 //!
 //! So once the WAL file is past [`WAL_SIZE_LIMIT_BYTES`], a read of this
 //! library first waits for it to start over. Every reader does, so the
-//! reads in progress end and none starts; a waiting reader then finds the
-//! WAL copied back whole (a passive checkpoint) and starts it over itself
-//! (a `TRUNCATE` checkpoint), unless a writer's commit did first. That
-//! checkpoint waits for locks a few milliseconds at most, whatever the
-//! handle's busy timeout: a writer is held up while it copies the frames
-//! written since and for that wait, never for a reader's read, and a
-//! reader that misses the moment tries again 5 ms later.
+//! reads in progress end and none starts. A writable handle's waiting read
+//! then finds the WAL copied back whole (a passive checkpoint) and starts
+//! it over itself (a `TRUNCATE` checkpoint), unless a writer's commit did
+//! first. That checkpoint waits for locks a few milliseconds at most,
+//! whatever the handle's busy timeout: a writer is held up while it copies
+//! the frames written since and for that wait, never for a reader's read,
+//! and a reader that misses the moment tries again 5 ms later. A read-only
+//! handle may not checkpoint (that writes the database file): it reads how
+//! far the checkpoints have come in SQLite's WAL index (`wal_index`) and
+//! leaves the copying and the start over to the writers' commits. Before,
+//! two read-only supervisors polling every 100 ms beside four workers grew
+//! the WAL to 2.3 GiB in 30 s.
 //!
 //! A read whose wait ends without that (at most 1 s, and at most half the
 //! handle's busy timeout) goes on as before. When the WAL stayed pinned at
-//! one frame all along (a reader of another library, or a read-only
-//! handle, in a long read), the handle then stops waiting for a while:
-//! waiting again would only slow its reads down. The check before a read
-//! is one `fstat` of the WAL.
+//! one frame all along (a reader of another library in a long read), the
+//! handle then stops waiting for a while: waiting again would only slow
+//! its reads down. A wait also ends, and the handle stops waiting until
+//! the WAL moves again, once nothing moves at all (no commit, no copying)
+//! for a quarter of a second: a WAL that no one writes does not grow, and
+//! no one would start it over. The check before a read is one `fstat` (a
+//! `stat` of the `-wal` name on a read-only handle).
 
 use std::fs::File;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
 use crate::busy::{Interruption, Probing, SignalWatch};
 use crate::errors::Result;
+use crate::wal_index;
 
 /// SQLite cuts the WAL back to at most this when it starts it over
 /// (`journal_size_limit`), not after every checkpoint; past it, reads wait
@@ -46,13 +56,15 @@ pub const WAL_SIZE_LIMIT_BYTES: u64 = 64 * 1024 * 1024;
 /// not.
 const LONGEST_WAIT: Duration = Duration::from_secs(1);
 
-/// How often a waiting read looks at the WAL.
+/// How often a waiting read looks at the WAL's size.
 const POLL: Duration = Duration::from_millis(1);
 
-/// Every how many looks a waiting read tries to start the WAL over itself.
-const START_OVER_EVERY: u32 = 5;
+/// Every how many polls a waiting read looks how far the WAL has been
+/// copied back (a writable handle: with a passive checkpoint, which copies
+/// what it may) and, if whole, starts it over.
+const LOOK_EVERY: u32 = 5;
 
-/// How long a waiting read's attempt to start the WAL over waits for
+/// How long a writable handle's attempt to start the WAL over waits for
 /// locks: writers queued for the write lock it holds each hold a read lock
 /// for an instant at every try, and one of them refused a restart that
 /// never waited in most attempts (4 workers, 4 readers).
@@ -67,125 +79,237 @@ const START_OVER_PATIENCE: Duration = Duration::from_millis(5);
 /// to handle, and it grew to 6.5 GiB in a review (4 workers, 3 readers).
 const STOP_WAITING_FOR: Duration = Duration::from_secs(5);
 
-/// How often a handle that stopped waiting looks whether the pin is gone
-/// (a passive checkpoint that copies past it): the WAL grew by up to 1 GiB
-/// in the five seconds after a 2 s read of another library ended.
+/// How long the WAL must stand still (no commit, no frame copied back)
+/// before a wait ends for want of anyone to start it over. Longer than a
+/// checkpoint's stall of the writers (70-150 ms on a 500,000-task file),
+/// so that busy writers are not taken for idle ones.
+const STANDSTILL: Duration = Duration::from_millis(250);
+
+/// How often a handle that stopped waiting looks whether the WAL moved on
+/// (a pin gone, a commit): the WAL grew by up to 1 GiB in the five seconds
+/// after a 2 s read of another library ended.
 const PIN_LOOK_EVERY: Duration = Duration::from_millis(100);
+
+/// How a waiting read sees the WAL, and whether it may start it over.
+pub enum Watch<'a> {
+    /// A writable handle: its own descriptor of the WAL, and its
+    /// connection, whose passive checkpoints look (copying what no read
+    /// pins) and whose `TRUNCATE` checkpoint starts the WAL over.
+    Writable {
+        conn: &'a Connection,
+        wal: &'a File,
+        probing: &'a Probing,
+    },
+    /// A read-only handle of a live file: the names of its `-wal` and
+    /// `-shm`, looked at, never written.
+    ReadOnly { wal: &'a Path, shm: &'a Path },
+}
+
+impl Watch<'_> {
+    /// Whether the WAL file is past [`WAL_SIZE_LIMIT_BYTES`]: it has not
+    /// started over since it grew there (false when that cannot be told).
+    fn is_oversized(&self) -> bool {
+        let size = match self {
+            Watch::Writable { wal, .. } => wal.metadata(),
+            Watch::ReadOnly { wal, .. } => std::fs::metadata(wal),
+        };
+        size.is_ok_and(|m| m.len() > WAL_SIZE_LIMIT_BYTES)
+    }
+
+    /// The frames in the WAL and how many are copied back, or `None` when
+    /// that cannot be told now (another checkpoint running, a WAL index
+    /// being written).
+    fn look(&self) -> Option<(i64, i64)> {
+        match self {
+            Watch::Writable { conn, .. } => checkpoint(conn),
+            Watch::ReadOnly { shm, .. } => {
+                wal_index::read(shm).map(|p| (i64::from(p.frames), i64::from(p.copied)))
+            }
+        }
+    }
+
+    /// Starts the WAL over, when this handle may (see [`start_over`]).
+    fn start_over(&self) {
+        if let Watch::Writable { conn, probing, .. } = self {
+            probing.within(START_OVER_PATIENCE, || start_over(conn));
+        }
+    }
+}
 
 /// One handle's part in keeping its WAL from growing without bound.
 #[derive(Default)]
 pub struct WalGrowth {
-    /// While reads go on without waiting: until when, the frame the WAL
-    /// was pinned at, and when to look at it again.
+    /// While reads go on without waiting: for what, and when to look again.
     quiet: Option<Quiet>,
 }
 
-/// A handle's pause in waiting, for a WAL pinned by a read that is not
-/// ending.
+/// A handle's pause in waiting, while the WAL does not move as it must to
+/// start over.
 struct Quiet {
-    until: Instant,
-    pinned_at: i64,
+    /// When the pause ends whatever the looks find (none while nothing
+    /// moves at all: that lasts as long as it lasts).
+    until: Option<Instant>,
+    still: Still,
     next_look: Instant,
 }
 
+/// What keeps a WAL from starting over, as the looks found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Still {
+    /// Copied back up to this frame and no further: a read pins it there.
+    PinnedAt(i64),
+    /// This many frames, copied back up to that one: no commit, no copying.
+    Idle(i64, i64),
+}
+
+impl Still {
+    /// Whether a look's `(frames, copied)` finds the WAL still so.
+    fn holds_for(self, (frames, copied): (i64, i64)) -> bool {
+        match self {
+            Still::PinnedAt(at) => copied == at,
+            Still::Idle(in_wal, at) => frames == in_wal && copied == at,
+        }
+    }
+}
+
 impl Quiet {
+    fn new(lasting: Option<Duration>, still: Still) -> Quiet {
+        let now = Instant::now();
+        Quiet {
+            until: lasting.map(|d| now + d),
+            still,
+            next_look: now + PIN_LOOK_EVERY,
+        }
+    }
+
     /// Whether reads still go on without waiting: the pause is not over
-    /// and, as far as the last look saw, the pin is still there.
-    fn holds(&mut self, conn: &Connection, now: Instant) -> bool {
-        if now >= self.until {
+    /// and, as far as the last look saw, the WAL is still as it was.
+    fn holds(&mut self, watch: &Watch<'_>, now: Instant) -> bool {
+        if self.until.is_some_and(|until| now >= until) {
             return false;
         }
         if now < self.next_look {
             return true;
         }
         self.next_look = now + PIN_LOOK_EVERY;
-        checkpoint(conn).is_none_or(|(_, copied)| copied == self.pinned_at)
+        watch.look().is_none_or(|found| self.still.holds_for(found))
     }
 }
 
 impl WalGrowth {
-    /// Before a read transaction on `conn`, whose WAL is `wal`: while the
-    /// WAL is too large, waits (up to [`LONGEST_WAIT`]) for it to start
-    /// over, and tries to start it over now and then. Fails only for a
-    /// signal (Ctrl-C) during the wait, as a lock wait does: the read goes
-    /// on as before whatever else happens here.
+    /// Before a read transaction: while the WAL is too large, waits (up to
+    /// [`LONGEST_WAIT`]) for it to start over, and, on a writable handle,
+    /// tries to start it over now and then. Fails only for a signal
+    /// (Ctrl-C) during the wait, as a lock wait does: the read goes on as
+    /// before whatever else happens here.
     pub fn make_way_before_read(
         &mut self,
-        conn: &Connection,
-        wal: &File,
+        watch: &Watch<'_>,
         busy_timeout: Duration,
-        guards: (&Probing, &Interruption),
+        interruption: &Interruption,
     ) -> Result<()> {
-        let (probing, interruption) = guards;
         let start = Instant::now();
         if let Some(quiet) = &mut self.quiet {
-            if quiet.holds(conn, start) {
+            if quiet.holds(watch, start) {
                 return Ok(());
             }
             self.quiet = None;
         }
         let longest = LONGEST_WAIT.min(busy_timeout / 2);
-        let mut watch = SignalWatch::from(start);
-        let mut pin = Pin::default();
-        let mut looks = 0;
-        while is_oversized(wal) {
-            if watch.signalled(interruption) {
+        let mut signals = SignalWatch::from(start);
+        let mut looks = Looks::default();
+        let mut polls = 0;
+        while watch.is_oversized() {
+            if signals.signalled(interruption) {
                 return interruption.stop_if_signalled();
             }
-            if looks % START_OVER_EVERY == START_OVER_EVERY - 1 && pin.lifted(checkpoint(conn)) {
-                probing.within(START_OVER_PATIENCE, || start_over(conn));
+            if polls % LOOK_EVERY == LOOK_EVERY - 1 {
+                match watch.look() {
+                    Some(found) => {
+                        if looks.take(found) {
+                            watch.start_over();
+                        }
+                        if let Some(idle) = looks.idle() {
+                            self.quiet = Some(Quiet::new(None, idle));
+                            return Ok(());
+                        }
+                    }
+                    // A read-only handle that cannot read the WAL index
+                    // cannot tell what it would wait for.
+                    None if matches!(watch, Watch::ReadOnly { .. }) => return Ok(()),
+                    None => {}
+                }
             }
             if start.elapsed() >= longest {
-                self.quiet = pin.held_since(start + longest / 2).map(|pinned_at| {
-                    let now = Instant::now();
-                    Quiet {
-                        until: now + STOP_WAITING_FOR,
-                        pinned_at,
-                        next_look: now + PIN_LOOK_EVERY,
-                    }
-                });
+                self.quiet = looks
+                    .pinned_since(start + longest / 2)
+                    .map(|at| Quiet::new(Some(STOP_WAITING_FOR), Still::PinnedAt(at)));
                 return Ok(());
             }
             std::thread::sleep(POLL);
-            looks += 1;
+            polls += 1;
         }
         Ok(())
     }
 }
 
-/// What one wait's passive checkpoints found: the frame they copied up to
-/// (where the oldest read pins the WAL), and since when it stood there.
+/// What one wait's looks found: since when the WAL has held its frames,
+/// and since when it has been copied back up to the same frame (where the
+/// oldest read pins it).
 #[derive(Default)]
-struct Pin {
-    at: Option<(i64, Instant)>,
+struct Looks {
+    frames: Standstill,
+    copied: Standstill,
 }
 
-impl Pin {
-    /// Takes one checkpoint's `(frames, copied)` in; true when it copied
-    /// the WAL back whole, so that no read pins it any more.
-    fn lifted(&mut self, found: Option<(i64, i64)>) -> bool {
-        let Some((frames, copied)) = found else {
-            return false;
-        };
-        if self.at.is_none_or(|(before, _)| before != copied) {
-            self.at = Some((copied, Instant::now()));
-        }
+impl Looks {
+    /// Takes one look's `(frames, copied)` in; true when the WAL is copied
+    /// back whole, so that no read pins it any more.
+    fn take(&mut self, (frames, copied): (i64, i64)) -> bool {
+        self.frames.see(frames);
+        self.copied.see(copied);
         copied >= frames
     }
 
-    /// The frame the checkpoints have found the WAL pinned at since
-    /// `moment` or earlier, if they have.
-    fn held_since(&self, moment: Instant) -> Option<i64> {
-        self.at
-            .filter(|&(_, since)| since <= moment)
-            .map(|(frame, _)| frame)
+    /// The WAL as it has stood for [`STANDSTILL`] or longer, with no commit
+    /// and no copying, if it has.
+    fn idle(&self) -> Option<Still> {
+        let frames = self.frames.for_at_least(STANDSTILL)?;
+        let copied = self.copied.for_at_least(STANDSTILL)?;
+        Some(Still::Idle(frames, copied))
+    }
+
+    /// The frame the WAL has been copied back up to since `moment` or
+    /// earlier, if it has.
+    fn pinned_since(&self, moment: Instant) -> Option<i64> {
+        self.copied.since(moment)
     }
 }
 
-/// Whether the WAL file is past [`WAL_SIZE_LIMIT_BYTES`]: it has not started
-/// over since it grew there (false when that cannot be told).
-fn is_oversized(wal: &File) -> bool {
-    wal.metadata().is_ok_and(|m| m.len() > WAL_SIZE_LIMIT_BYTES)
+/// One count as the looks saw it, and since when it stood there.
+#[derive(Default)]
+struct Standstill {
+    at: Option<(i64, Instant)>,
+}
+
+impl Standstill {
+    fn see(&mut self, value: i64) {
+        if self.at.is_none_or(|(before, _)| before != value) {
+            self.at = Some((value, Instant::now()));
+        }
+    }
+
+    fn since(&self, moment: Instant) -> Option<i64> {
+        self.at
+            .filter(|&(_, since)| since <= moment)
+            .map(|(value, _)| value)
+    }
+
+    fn for_at_least(&self, span: Duration) -> Option<i64> {
+        self.at
+            .filter(|&(_, since)| since.elapsed() >= span)
+            .map(|(value, _)| value)
+    }
 }
 
 /// Runs `PRAGMA wal_checkpoint(mode)`: whether it was kept from its lock,
