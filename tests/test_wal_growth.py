@@ -284,3 +284,102 @@ def test_a_handle_that_stopped_waiting_for_a_pin_waits_again_later(db_path: Path
                 started = time.monotonic()
                 reader.stats()
                 assert time.monotonic() - started >= 0.5
+
+
+#: In one process, a writable handle and then a read-only one on a live
+#: file whose WAL is past its limit and pinned (so the read-only handle's
+#: reads look into the ``-shm``); prints how many POSIX locks the process
+#: still holds on the ``-shm`` afterwards (SQLite's own, for its writer).
+SHM_LOCKS = """
+import os, sys
+from taskwarden import Ledger
+shm = os.stat(sys.argv[1] + "-shm")
+with Ledger(sys.argv[1]) as writer, Ledger(sys.argv[1], read_only=True) as reader:
+    for _ in range(3):
+        reader.stats()
+    with open("/proc/locks") as table:
+        fields = [line.split() for line in table if "->" not in line]
+    print(sum(f[4] == str(os.getpid()) and f[5].endswith(f":{shm.st_ino}") for f in fields))
+"""
+
+
+def test_looking_into_the_shm_keeps_sqlites_locks(db_path: Path) -> None:
+    """POSIX locks belong to the process: closing any descriptor of the
+    ``-shm`` drops SQLite's locks there, a writer's too. A read-only handle
+    that opened and closed it for each look let another process commit
+    inside a writer's transaction, and corrupted the file in a review."""
+    with Ledger(db_path) as writer:
+        writer.create_task()
+        with held_open(PIN, str(db_path)):
+            _grow_wal_past_the_limit(writer, db_path)
+            held = run_python(SHM_LOCKS, str(db_path))
+    assert int(held[0]) >= 1
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_slow_writer_beside_a_pin_does_not_make_every_read_wait(
+    db_path: Path, read_only: bool
+) -> None:
+    """Another library's read pins the WAL while a writer commits every
+    0.4 s: the WAL stands still between commits, and each commit used to
+    make the next read wait a quarter of a second again (13 of 20 s spent
+    waiting). Reads now stop waiting as for any pin."""
+    with Ledger(db_path) as writer:
+        writer.create_task()
+        with held_open(PIN, str(db_path)):
+            _grow_wal_past_the_limit(writer, db_path)
+            done = threading.Event()
+
+            def trickle() -> None:
+                while not done.wait(0.4):
+                    writer.create_task()
+
+            slow = threading.Thread(target=trickle)
+            slow.start()
+            try:
+                with Ledger(db_path, read_only=read_only) as reader:
+                    waited, until = 0.0, time.monotonic() + 3.0
+                    while time.monotonic() < until:
+                        started = time.monotonic()
+                        reader.stats()
+                        waited += time.monotonic() - started
+                        time.sleep(0.02)
+            finally:
+                done.set()
+                slow.join()
+    assert waited < 1.0, waited
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_short_busy_timeout_waits_once_for_a_pin(db_path: Path, read_only: bool) -> None:
+    """``busy_timeout_ms=10`` leaves a wait of 5 ms: it must still see the
+    pin, or every read waits its 5 ms for good."""
+    with Ledger(db_path) as writer:
+        ids = [writer.create_task().id]
+        with held_open(PIN, str(db_path)):
+            ids += _grow_wal_past_the_limit(writer, db_path)
+            with (
+                writes_going_on(db_path),
+                Ledger(db_path, read_only=read_only, busy_timeout_ms=10) as reader,
+            ):
+                started = time.monotonic()
+                for task_id in ids[:300]:
+                    assert reader.get_task(task_id).id == task_id
+                assert time.monotonic() - started < 0.5
+
+
+def test_a_read_only_open_on_an_idle_oversized_wal_hardly_waits(db_path: Path) -> None:
+    """Nothing pins the WAL and nobody writes: a read-only handle, which
+    cannot start the WAL over itself, waits only long enough to see that
+    no commit comes (each open paid 250 ms)."""
+    with Ledger(db_path) as writer:
+        ids = [writer.create_task().id]
+        with held_open(PIN, str(db_path)):
+            ids += _grow_wal_past_the_limit(writer, db_path)
+        ids.append(writer.create_task().id)  # its checkpoint copies the WAL back whole
+        assert _wal_bytes(db_path) > WAL_SIZE_LIMIT
+        for _ in range(3):
+            started = time.monotonic()
+            with Ledger(db_path, read_only=True) as reader:
+                assert reader.stats()["task_count"] == len(ids)
+            assert time.monotonic() - started < 0.2

@@ -10,10 +10,16 @@
 //! So the checks and reads the library makes itself go through one shared
 //! descriptor per file, closed only when no handle of the process uses the
 //! file any more (a handle drops its lease after its SQLite connection).
+//! The same holds for the `-shm`, where SQLite keeps its WAL locks: the
+//! descriptors through which the library reads the WAL index there (see
+//! `wal_index`) live as long as the file's own. A review saw a read-only
+//! handle that opened and closed the `-shm` for each look drop a writer's
+//! lock in its process, two writers commit at once, and the file corrupt.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::fsguard::FileKey as Key;
@@ -35,6 +41,9 @@ struct Entry {
     /// handle opening beside others gets that mapping, whatever file is at
     /// the name now (see `Store::open`).
     mapped_shm: Option<Key>,
+    /// Descriptors of the file's `-shm`, one per file found at the name,
+    /// for reading the WAL index (see [`Lease::shm`]).
+    shms: Vec<(Key, Arc<File>)>,
     /// The process that opened the descriptor: a forked child forgets the
     /// parent's entries (see [`forget_inherited`]).
     pid: u32,
@@ -96,6 +105,35 @@ impl Lease {
             return true;
         }
         entry.mapped_shm == shm
+    }
+
+    /// A descriptor of the regular file at `name` (the file's `-shm`), to
+    /// read (positionally) and never close: it closes with the file's own,
+    /// once no handle of the process uses the file. One per file found at
+    /// the name, kept while the process uses the ledger file: a `-shm` that
+    /// writers removed and made again is another file. `None` when no
+    /// regular file is there.
+    #[must_use]
+    pub fn shm(&self, name: &Path) -> Option<Arc<File>> {
+        let at_name = std::fs::symlink_metadata(name).ok()?;
+        if !at_name.file_type().is_file() {
+            return None; // a FIFO planted there would block the open
+        }
+        let key = (at_name.dev(), at_name.ino());
+        let mut held = held();
+        let entry = held.iter_mut().find(|e| e.key == self.key)?;
+        if let Some((_, file)) = entry.shms.iter().find(|(k, _)| *k == key) {
+            return Some(Arc::clone(file));
+        }
+        let file = File::open(name).ok()?;
+        let Ok(meta) = file.metadata() else {
+            std::mem::forget(file); // which file it is cannot be told
+            return None;
+        };
+        let opened = (meta.dev(), meta.ino());
+        let file = Arc::new(file);
+        entry.shms.push((opened, Arc::clone(&file)));
+        (opened == key).then_some(file)
     }
 
     /// Whether other handles of this process use the file too.
@@ -219,6 +257,7 @@ pub fn lease(expected: Option<Key>, open: impl FnOnce() -> io::Result<File>) -> 
         writers: 0,
         readonly_shm: 0,
         mapped_shm: None,
+        shms: Vec::new(),
         pid: std::process::id(),
     });
     let last = held.len() - 1;

@@ -924,7 +924,11 @@ impl Store {
                     wal: wal.wal(),
                     probing: &self.probing,
                 }),
-                (None, Some((wal, shm))) => Some(Watch::ReadOnly { wal, shm }),
+                (None, Some((wal, shm))) => {
+                    self.file_lease
+                        .as_ref()
+                        .map(|lease| Watch::ReadOnly { lease, wal, shm })
+                }
                 (None, None) => None,
             };
             if let (true, Some(watch)) = (reads, watch) {

@@ -27,11 +27,12 @@
 //! handle's busy timeout) goes on as before. When the WAL stayed pinned at
 //! one frame all along (a reader of another library in a long read), the
 //! handle then stops waiting for a while: waiting again would only slow
-//! its reads down. A wait also ends, and the handle stops waiting until
-//! the WAL moves again, once nothing moves at all (no commit, no copying)
-//! for a quarter of a second: a WAL that no one writes does not grow, and
-//! no one would start it over. The check before a read is one `fstat` (a
-//! `stat` of the `-wal` name on a read-only handle).
+//! its reads down. A wait also ends once nothing moves at all (no commit,
+//! no copying) for a quarter of a second, as for a pin; or for 20 ms, when
+//! the WAL is copied back whole, and then the handle stops waiting until
+//! the WAL moves again: a WAL that no one writes does not grow, and no one
+//! would start it over. The check before a read is one `fstat` (a `stat`
+//! of the `-wal` name on a read-only handle).
 
 use std::fs::File;
 use std::path::Path;
@@ -41,6 +42,7 @@ use rusqlite::Connection;
 
 use crate::busy::{Interruption, Probing, SignalWatch};
 use crate::errors::Result;
+use crate::held_files::Lease;
 use crate::wal_index;
 
 /// SQLite cuts the WAL back to at most this when it starts it over
@@ -61,7 +63,9 @@ const POLL: Duration = Duration::from_millis(1);
 
 /// Every how many polls a waiting read looks how far the WAL has been
 /// copied back (a writable handle: with a passive checkpoint, which copies
-/// what it may) and, if whole, starts it over.
+/// what it may) and, if whole, starts it over. The first poll looks too: a
+/// handle whose wait is short (a busy timeout of 10 ms) must still see
+/// where the WAL is pinned, or it waits its whole wait on every read.
 const LOOK_EVERY: u32 = 5;
 
 /// How long a writable handle's attempt to start the WAL over waits for
@@ -80,10 +84,19 @@ const START_OVER_PATIENCE: Duration = Duration::from_millis(5);
 const STOP_WAITING_FOR: Duration = Duration::from_secs(5);
 
 /// How long the WAL must stand still (no commit, no frame copied back)
-/// before a wait ends for want of anyone to start it over. Longer than a
-/// checkpoint's stall of the writers (70-150 ms on a 500,000-task file),
-/// so that busy writers are not taken for idle ones.
+/// before a wait ends for want of anyone to start it over, while a read
+/// pins it. Longer than a checkpoint's stall of the writers (70-150 ms on
+/// a 500,000-task file), so that busy writers are not taken for idle ones.
+/// The handle then stops waiting as for a pin: a writer committing every
+/// 400 ms beside another library's long read otherwise made every read
+/// wait 250 ms after each commit (13 of 20 s spent waiting, in a review).
 const STANDSTILL: Duration = Duration::from_millis(250);
+
+/// The same for a WAL copied back whole, which any commit would start
+/// over: one that comes no sooner finds no reads of this library in its
+/// way. A read-only handle (which cannot start the WAL over itself) opened
+/// on an idle fleet's oversized WAL paid 250 ms for each open.
+const STANDSTILL_COPIED: Duration = Duration::from_millis(20);
 
 /// How often a handle that stopped waiting looks whether the WAL moved on
 /// (a pin gone, a commit): the WAL grew by up to 1 GiB in the five seconds
@@ -101,8 +114,13 @@ pub enum Watch<'a> {
         probing: &'a Probing,
     },
     /// A read-only handle of a live file: the names of its `-wal` and
-    /// `-shm`, looked at, never written.
-    ReadOnly { wal: &'a Path, shm: &'a Path },
+    /// `-shm`, looked at, never written, and its lease on the file, which
+    /// holds the descriptor the `-shm` is read through.
+    ReadOnly {
+        lease: &'a Lease,
+        wal: &'a Path,
+        shm: &'a Path,
+    },
 }
 
 impl Watch<'_> {
@@ -122,8 +140,9 @@ impl Watch<'_> {
     fn look(&self) -> Option<(i64, i64)> {
         match self {
             Watch::Writable { conn, .. } => checkpoint(conn),
-            Watch::ReadOnly { shm, .. } => {
-                wal_index::read(shm).map(|p| (i64::from(p.frames), i64::from(p.copied)))
+            Watch::ReadOnly { lease, shm, .. } => {
+                let progress = wal_index::read(&*lease.shm(shm)?)?;
+                Some((i64::from(progress.frames), i64::from(progress.copied)))
             }
         }
     }
@@ -223,14 +242,14 @@ impl WalGrowth {
             if signals.signalled(interruption) {
                 return interruption.stop_if_signalled();
             }
-            if polls % LOOK_EVERY == LOOK_EVERY - 1 {
+            if polls % LOOK_EVERY == 0 {
                 match watch.look() {
                     Some(found) => {
                         if looks.take(found) {
                             watch.start_over();
                         }
-                        if let Some(idle) = looks.idle() {
-                            self.quiet = Some(Quiet::new(None, idle));
+                        if let Some(quiet) = looks.idle() {
+                            self.quiet = Some(quiet);
                             return Ok(());
                         }
                     }
@@ -271,12 +290,22 @@ impl Looks {
         copied >= frames
     }
 
-    /// The WAL as it has stood for [`STANDSTILL`] or longer, with no commit
-    /// and no copying, if it has.
-    fn idle(&self) -> Option<Still> {
-        let frames = self.frames.for_at_least(STANDSTILL)?;
-        let copied = self.copied.for_at_least(STANDSTILL)?;
-        Some(Still::Idle(frames, copied))
+    /// The pause in waiting for a WAL that has stood still long enough,
+    /// with no commit and no copying (see [`STANDSTILL`]), if it has: while
+    /// nothing moves, when copied back whole; as for a pin, when not.
+    fn idle(&self) -> Option<Quiet> {
+        let (Some((frames, _)), Some((copied, _))) = (self.frames.at, self.copied.at) else {
+            return None;
+        };
+        let whole = copied >= frames;
+        let span = if whole { STANDSTILL_COPIED } else { STANDSTILL };
+        self.frames.for_at_least(span)?;
+        self.copied.for_at_least(span)?;
+        Some(if whole {
+            Quiet::new(None, Still::Idle(frames, copied))
+        } else {
+            Quiet::new(Some(STOP_WAITING_FOR), Still::PinnedAt(copied))
+        })
     }
 
     /// The frame the WAL has been copied back up to since `moment` or

@@ -6,11 +6,12 @@
 //! the checkpoint's progress after it, in the layout every SQLite since
 //! 3.7.0 shares (sqlite.org/walformat.html, "The WAL-Index Header"): all
 //! connections to one WAL must read it alike, whatever their version.
-//! Only the header is read, by `pread`, never written.
+//! Only the header is read, by `pread`, never written, and through a
+//! descriptor that is never closed while SQLite may hold locks on the file
+//! (see `held_files`).
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 
 /// One copy of the header; the second follows the first.
 const HEADER_BYTES: usize = 48;
@@ -35,17 +36,13 @@ pub struct Progress {
     pub copied: u32,
 }
 
-/// The progress the `-shm` at `shm` records; `None` when it cannot be
-/// told: no regular file there, a header not yet written, or one being
-/// written right now (its two copies differ until a writer is done).
+/// The progress the `-shm` open as `shm` records; `None` when it cannot
+/// be told: a header not yet written, or one being written right now (its
+/// two copies differ until a writer is done).
 #[must_use]
-pub fn read(shm: &Path) -> Option<Progress> {
-    // A FIFO planted at the name would block the open.
-    if !fs::symlink_metadata(shm).ok()?.file_type().is_file() {
-        return None;
-    }
+pub fn read(shm: &File) -> Option<Progress> {
     let mut bytes = [0u8; READ_BYTES];
-    File::open(shm).ok()?.read_exact_at(&mut bytes, 0).ok()?;
+    shm.read_exact_at(&mut bytes, 0).ok()?;
     parse(&bytes)
 }
 
@@ -79,12 +76,15 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tw-wal-index-{}", std::process::id()));
         std::fs::remove_dir_all(&dir).ok();
         std::fs::create_dir_all(&dir).map_err(crate::errors::Error::from)?;
-        let (db, shm) = (dir.join("t.db"), dir.join("t.db-shm"));
+        let db = dir.join("t.db");
         let writer = Connection::open(&db)?;
         writer.execute_batch(
             "PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;
              CREATE TABLE t (v); INSERT INTO t VALUES (1); INSERT INTO t VALUES (2);",
         )?;
+        // Held open until the connection is gone: closing it would drop
+        // the connection's locks on the file.
+        let shm = std::fs::File::open(dir.join("t.db-shm")).map_err(crate::errors::Error::from)?;
         let as_counts = |p: Progress| (i64::from(p.frames), i64::from(p.copied));
         let (frames, copied) = read(&shm).map(as_counts).unwrap_or_default();
         assert!(frames >= 3 && copied == 0, "{frames} {copied}");
@@ -100,7 +100,7 @@ mod tests {
         assert!(restarted.0 < frames && restarted.1 == 0, "{restarted:?}");
         assert_eq!(checkpoint(&writer)?, (restarted.0, restarted.0));
         drop(writer);
-        assert_eq!(read(&shm), None); // the last close removed it
+        drop(shm);
         std::fs::remove_dir_all(&dir).ok();
         Ok(())
     }
