@@ -333,4 +333,40 @@ mod tests {
         std::fs::remove_dir_all(&dir)?;
         Ok(())
     }
+
+    /// The `-shm` is read through descriptors that stay open as long as
+    /// the file's own: one per file found at the name, never a FIFO.
+    #[test]
+    fn shm_descriptors_live_with_the_file() -> io::Result<()> {
+        let dir = std::env::temp_dir().join(format!("tw-held-shm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let (path, shm) = (dir.join("f"), dir.join("f-shm"));
+        std::fs::write(&path, b"x")?;
+        std::fs::write(&shm, b"first")?;
+        let lease = lease(None, || File::open(&path))?;
+        let shms = || {
+            held()
+                .iter()
+                .find(|e| e.key == lease.key)
+                .map(|e| e.shms.len())
+        };
+        let first = lease.shm(&shm).ok_or(io::ErrorKind::NotFound)?;
+        let again = lease.shm(&shm).ok_or(io::ErrorKind::NotFound)?;
+        assert!(Arc::ptr_eq(&first, &again), "one descriptor per file");
+        std::fs::remove_file(&shm)?;
+        assert!(lease.shm(&shm).is_none());
+        std::fs::write(&shm, b"second")?; // made again: another file
+        let second = lease.shm(&shm).ok_or(io::ErrorKind::NotFound)?;
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert_eq!(shms(), Some(2), "the first is kept, not closed");
+        std::fs::remove_file(&shm)?;
+        std::fs::create_dir(&shm)?; // not a regular file
+        assert!(lease.shm(&shm).is_none());
+        drop((first, again, second));
+        let key = lease.key;
+        drop(lease);
+        assert_eq!(count(key), 0, "closed with the last lease");
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
 }
