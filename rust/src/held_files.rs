@@ -120,11 +120,17 @@ impl Lease {
             return None; // a FIFO planted there would block the open
         }
         let key = (at_name.dev(), at_name.ino());
-        let mut held = held();
-        let entry = held.iter_mut().find(|e| e.key == self.key)?;
-        if let Some((_, file)) = entry.shms.iter().find(|(k, _)| *k == key) {
-            return Some(Arc::clone(file));
+        let known = |held: &[Entry]| {
+            let entry = held.iter().find(|e| e.key == self.key)?;
+            let found = entry.shms.iter().find(|(k, _)| *k == key);
+            Some(found.map(|(_, file)| Arc::clone(file)))
+        };
+        if let Some(file) = known(&held())? {
+            return Some(file);
         }
+        // Opened outside the registry's lock: a FIFO swapped in since the
+        // check above blocks this call alone, not every open, close and
+        // fork of the process.
         let file = File::open(name).ok()?;
         let Ok(meta) = file.metadata() else {
             std::mem::forget(file); // which file it is cannot be told
@@ -132,6 +138,15 @@ impl Lease {
         };
         let opened = (meta.dev(), meta.ino());
         let file = Arc::new(file);
+        let mut held = held();
+        // The file's registry entry may be gone (a forked child forgot the
+        // parent's): then nothing may close this descriptor.
+        let Some(entry) = held.iter_mut().find(|e| e.key == self.key) else {
+            std::mem::forget(file);
+            return None;
+        };
+        // Another thread may have opened the same file meanwhile: both
+        // stay open (closing either could drop SQLite's locks).
         entry.shms.push((opened, Arc::clone(&file)));
         (opened == key).then_some(file)
     }
