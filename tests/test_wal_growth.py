@@ -45,16 +45,16 @@ def _grow_wal_past_the_limit(ledger: Ledger, db_path: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def writes_going_on(db_path: Path) -> Iterator[None]:
-    """A writer creating a task every 2 ms for the length of the block: a
-    wait for the WAL lasts only while someone writes. (Paced: beside a pin
-    the WAL keeps every frame, and a writer going flat out fills gigabytes
-    of disk in seconds.)"""
+def writes_going_on(db_path: Path, every: float = 0.002) -> Iterator[None]:
+    """A writer creating a task every ``every`` seconds (2 ms) for the length
+    of the block: a wait for the WAL lasts only while someone writes.
+    (Paced: beside a pin the WAL keeps every frame, and a writer going flat
+    out fills gigabytes of disk in seconds.)"""
     done = threading.Event()
 
     def write() -> None:
         with Ledger(db_path, busy_timeout_ms=30_000) as ledger:
-            while not done.wait(0.002):
+            while not done.wait(every):
                 ledger.create_task()
 
     writer = threading.Thread(target=write)
@@ -328,25 +328,16 @@ def test_a_slow_writer_beside_a_pin_does_not_make_every_read_wait(
         writer.create_task()
         with held_open(PIN, str(db_path)):
             _grow_wal_past_the_limit(writer, db_path)
-            done = threading.Event()
-
-            def trickle() -> None:
-                while not done.wait(0.4):
-                    writer.create_task()
-
-            slow = threading.Thread(target=trickle)
-            slow.start()
-            try:
-                with Ledger(db_path, read_only=read_only) as reader:
-                    waited, until = 0.0, time.monotonic() + 3.0
-                    while time.monotonic() < until:
-                        started = time.monotonic()
-                        reader.stats()
-                        waited += time.monotonic() - started
-                        time.sleep(0.02)
-            finally:
-                done.set()
-                slow.join()
+            with (
+                writes_going_on(db_path, every=0.4),
+                Ledger(db_path, read_only=read_only) as reader,
+            ):
+                waited, until = 0.0, time.monotonic() + 3.0
+                while time.monotonic() < until:
+                    started = time.monotonic()
+                    reader.stats()
+                    waited += time.monotonic() - started
+                    time.sleep(0.02)
     assert waited < 1.0, waited
 
 

@@ -120,13 +120,12 @@ impl Lease {
             return None; // a FIFO planted there would block the open
         }
         let key = (at_name.dev(), at_name.ino());
-        let known = |held: &[Entry]| {
+        {
+            let held = held();
             let entry = held.iter().find(|e| e.key == self.key)?;
-            let found = entry.shms.iter().find(|(k, _)| *k == key);
-            Some(found.map(|(_, file)| Arc::clone(file)))
-        };
-        if let Some(file) = known(&held())? {
-            return Some(file);
+            if let Some((_, file)) = entry.shms.iter().find(|(k, _)| *k == key) {
+                return Some(Arc::clone(file));
+            }
         }
         // Opened outside the registry's lock: a FIFO swapped in since the
         // check above blocks this call alone, not every open, close and

@@ -918,20 +918,19 @@ impl Store {
         let racing_reads = self.read_race_timeout();
         let outcome = (|| {
             let reads = matches!(behavior, TransactionBehavior::Deferred);
-            let watch = match (&self.wal, &self.live_wal_names) {
-                (Some(wal), _) => Some(Watch::Writable {
+            let watch = match (reads, &self.wal, &self.live_wal_names) {
+                (false, ..) | (true, None, None) => None,
+                (true, Some(wal), _) => Some(Watch::Writable {
                     conn: &self.conn,
                     wal: wal.wal(),
                     probing: &self.probing,
                 }),
-                (None, Some((wal, shm))) => {
-                    self.file_lease
-                        .as_ref()
-                        .map(|lease| Watch::ReadOnly { lease, wal, shm })
-                }
-                (None, None) => None,
+                (true, None, Some((wal, shm))) => self
+                    .file_lease
+                    .as_ref()
+                    .map(|lease| Watch::ReadOnly { lease, wal, shm }),
             };
-            if let (true, Some(watch)) = (reads, watch) {
+            if let Some(watch) = watch {
                 self.wal_growth.make_way_before_read(
                     &watch,
                     Duration::from_millis(u64::from(self.busy_timeout_ms)),
