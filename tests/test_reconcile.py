@@ -620,6 +620,39 @@ def test_backwards_clock_refuses_the_whole_call(
     assert logical_dump(db_path) == dump
 
 
+@pytest.mark.parametrize("refused", [False, True], ids=["applied", "refused"])
+def test_an_apply_hands_back_a_handle_that_checks_foreign_keys(
+    db_path: Path, clock: FrozenClock, refused: bool
+) -> None:
+    """The apply's statements run without foreign key checks (its events
+    belong to the rows it reads); the handle checks them again afterwards,
+    and the file holds no broken reference."""
+    with Ledger(db_path, clock=clock) as ledger:
+        parent = ledger.create_task()
+        child = ledger.create_task(parent_id=parent.id)
+        ledger.start_task(child.id)
+        ended = ledger.create_task()
+        ledger.close_task(ended.id, "succeeded")
+        if refused:  # past its deadline, updated after `now`: refused
+            late = ledger.create_task(timeout_seconds=10.0)
+            ledger.start_task(late.id)
+            clock.advance(1000.0)
+            ledger.heartbeat(late.id)
+            clock.advance(-500.0)
+        else:
+            clock.advance(1000.0)
+        grace = {"active_grace_seconds": 100.0, "delivery_grace_seconds": 0.0}
+        if refused:
+            with pytest.raises(StateConflict):
+                ledger.reconcile(**grace)
+        else:
+            assert ledger.reconcile(**grace)["tasks_timed_out"] == 1
+        assert ledger.storage_info()["foreign_keys"] is True
+        assert ledger.doctor()["healthy"] is True
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
 @pytest.mark.parametrize("dry_run", [False, True], ids=["apply", "dry_run"])
 def test_future_rows_it_would_not_time_out_are_no_reason_to_refuse(
     db_path: Path, clock: FrozenClock, dry_run: bool
