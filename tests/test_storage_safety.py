@@ -16,7 +16,7 @@ import pytest
 
 from taskwarden import InvalidInput, Ledger, StateConflict, TaskNotFound
 
-from .conftest import FrozenClock, run_cli, run_python
+from .conftest import FrozenClock, held_open, run_cli, run_python
 
 
 def mode(path: Path) -> int:
@@ -625,3 +625,105 @@ def test_a_read_only_file_system_says_so_and_read_only_handles_still_read(
         assert code == 0 and answer["stats"]["task_count"] == 1
     finally:
         subprocess.run(["umount", str(view)], check=True)
+
+
+@pytest.mark.parametrize("ancestor_mode", [0o770, 0o730])
+def test_a_group_writable_ancestor_without_the_sticky_bit_is_refused(
+    tmp_path: Path, ancestor_mode: int
+) -> None:
+    """Not only a world-writable ancestor: one the group may write (and
+    without the sticky bit) lets a group member rename the private parent
+    away and put another in its place. The peer refuses it in the same
+    words; a writable open, a read-only one and the CLI all refuse it."""
+    import task_state_guard as tsg
+
+    os.chmod(tmp_path, 0o700)
+    outer = tmp_path / "outer"
+    parent = outer / "inner"
+    parent.mkdir(parents=True, mode=0o700)
+    os.chmod(outer, 0o700)
+    db = parent / "ledger.db"
+    with Ledger(db) as ledger:
+        ledger.create_task()
+    os.chmod(outer, ancestor_mode)
+    rule = "database ancestor permits unsafe replacement"
+    try:
+        for opener, refusal in ((Ledger, InvalidInput), (tsg.Ledger, tsg.InvalidInput)):
+            with pytest.raises(refusal) as refused:
+                opener(db)
+            assert str(refused.value) == rule, opener
+        with pytest.raises(InvalidInput, match=rule):
+            Ledger(db, read_only=True)
+        code, out, raw = run_cli("--db", str(db), "stats")
+        assert code == 2 and out["error"] == "InvalidInput", raw
+        # The sticky bit makes the same group-writable ancestor safe again.
+        os.chmod(outer, ancestor_mode | stat.S_ISVTX)
+        with Ledger(db) as ledger:
+            assert ledger.stats()["task_count"] == 1
+    finally:
+        os.chmod(outer, 0o700)
+
+
+@pytest.mark.parametrize("loose", [0o4600, 0o2600, 0o1600])
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_set_id_and_sticky_bits_on_a_sidecar_count_as_a_loose_mode(
+    tmp_path: Path, suffix: str, loose: int
+) -> None:
+    """A sidecar's mode is judged whole, as the database file's is (and as
+    the peer reads it): 0600 exactly. A read-only open refuses one with a
+    set-id or sticky bit and leaves it as it is; a writable open makes it
+    0600."""
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as writer:
+        task = writer.create_task()
+        side = Path(f"{db}{suffix}")
+        side.chmod(loose)
+        if mode(side) != loose:
+            pytest.skip("this file system or user cannot set that bit")
+        with pytest.raises(StateConflict):
+            Ledger(db, read_only=True)
+        assert mode(side) == loose
+        with Ledger(db) as second:  # a writable open of the same live ledger
+            assert second.get_task(task.id) == task
+        assert mode(side) == 0o600
+
+
+# Another process opens the ledger at its name and keeps it open, its WAL
+# and -shm at the sidecar names, until its standard input closes.
+_HOLDER = """
+import sys
+from taskwarden import Ledger
+ledger = Ledger(sys.argv[1])
+ledger.create_task()
+print("ready", flush=True)
+sys.stdin.read()
+ledger.close()
+"""
+
+
+def test_a_wal_at_the_name_that_is_not_the_one_held_is_refused(tmp_path: Path) -> None:
+    """The directory is moved away and the file alone put back, and then
+    another process opens the ledger there: a WAL is beside the database
+    again, but not the one this handle writes (its commits are in the moved
+    one). Its next call is refused, as when no WAL is at the name, not
+    carried on over a new connection as if nothing had been lost."""
+    folder = tmp_path / "ledgers"
+    folder.mkdir(mode=0o700)
+    db = folder / "ledger.db"
+    ledger = Ledger(db)
+    first = ledger.create_task()
+    folder.rename(tmp_path / "moved")
+    folder.mkdir(mode=0o700)
+    (tmp_path / "moved" / "ledger.db").rename(db)
+    try:
+        with held_open(_HOLDER, str(db)):
+            assert Path(f"{db}-wal").exists() and Path(f"{db}-shm").exists()
+            with pytest.raises(StateConflict):
+                ledger.create_task()
+            with pytest.raises(StateConflict):
+                ledger.get_task(first.id)
+    finally:
+        ledger.close()
+    with Ledger(db) as check:
+        assert check.stats()["task_count"] == 1  # the holder's task alone
+        assert check.doctor()["healthy"] is True
