@@ -1024,7 +1024,7 @@ impl Store {
     /// Foreign keys are not checked inside, so `op` must not be able to
     /// break a reference. Reconcile cannot: it writes events for the very
     /// rows its statements read, and changes no id or parent. Checked, each
-    /// event cost a search of the tasks' id index: about 6% of a
+    /// event cost a search of the tasks' id index: about 7% of a
     /// 100,000-task apply.
     pub fn bulk_write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         // Read when the transaction begins, so set before it.
