@@ -1345,7 +1345,8 @@ mod tests {
     use crate::errors::{Error, Result};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-    /// `temp_store` and `cache_size` as a connection sees them.
+    /// `temp_store`, `cache_size` and `foreign_keys` as a connection sees
+    /// them.
     fn settings(conn: &rusqlite::Connection) -> Result<(i64, i64, bool)> {
         let temp_store = conn.query_row("PRAGMA temp_store", [], |r| r.get(0))?;
         let cache_size = conn.query_row("PRAGMA cache_size", [], |r| r.get(0))?;
@@ -1355,8 +1356,8 @@ mod tests {
 
     /// A small file's bulk write journals in memory (the setting is read
     /// when its transaction begins) with the rewrite's larger page cache
-    /// and no foreign key checks, and the handle is back to its everyday settings afterwards, whether
-    /// the write succeeded or failed.
+    /// and no foreign key checks, and the handle is back to its everyday
+    /// settings afterwards, whether the write succeeded or failed.
     #[test]
     fn a_small_files_bulk_write_journals_in_memory_then_restores() -> Result<()> {
         let dir = std::env::temp_dir().join(format!("tw-bulk-{}", std::process::id()));
