@@ -1027,15 +1027,8 @@ impl Store {
     /// event cost a search of the tasks' id index: about 7% of a
     /// 100,000-task apply.
     pub fn bulk_write<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
-        // Read when the transaction begins, so set before it.
-        let journal_in_memory = self.file_lease.as_ref().is_some_and(|lease| {
-            lease
-                .file()
-                .metadata()
-                .is_ok_and(|m| m.len() <= MEMORY_JOURNAL_MAX_FILE_BYTES)
-        });
         let out = self
-            .enter_bulk_settings(journal_in_memory)
+            .enter_bulk_settings()
             .and_then(|()| self.write_sized(Size::Large, op));
         let restored = self.restore_everyday_settings();
         let out = out?;
@@ -1043,11 +1036,18 @@ impl Store {
         Ok(out)
     }
 
-    /// The settings of [`Store::bulk_write`], all outside its transaction
-    /// (SQLite ignores `foreign_keys` inside one).
-    fn enter_bulk_settings(&self, journal_in_memory: bool) -> Result<()> {
+    /// The settings of [`Store::bulk_write`], all outside its transaction:
+    /// SQLite reads `temp_store` when a transaction begins and ignores
+    /// `foreign_keys` inside one.
+    fn enter_bulk_settings(&self) -> Result<()> {
         self.conn
             .pragma_update(None, "cache_size", REWRITE_CACHE_KIB)?;
+        let journal_in_memory = self.file_lease.as_ref().is_some_and(|lease| {
+            lease
+                .file()
+                .metadata()
+                .is_ok_and(|m| m.len() <= MEMORY_JOURNAL_MAX_FILE_BYTES)
+        });
         if journal_in_memory {
             self.conn.pragma_update(None, "temp_store", "MEMORY")?;
         }
