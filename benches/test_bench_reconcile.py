@@ -42,7 +42,7 @@ def ours_file(peer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     folder = tmp_path_factory.mktemp("ours")
     folder.chmod(0o700)
     path = copy_ledger(peer_file, folder / "ours.db")
-    Ledger(path).close()  # migrates to v3
+    Ledger(path).close()  # migrates to the current schema
     return path
 
 

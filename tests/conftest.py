@@ -172,6 +172,87 @@ def run_python(script: str, *args: str) -> list[str]:
     return done.stdout.split("\n")
 
 
+# What an event row's task is, by its id: an event names its task by the
+# task's number, and that number is where the row lives, not content.
+EVENT_TASK_ID = "(SELECT id FROM tasks WHERE tasks.task_no = task_events.task_no)"
+# The events of the task whose id is bound as ``?``.
+OF_TASK = "task_no = (SELECT task_no FROM tasks WHERE id = ?)"
+
+
+def logical_columns(conn: sqlite3.Connection, table: str) -> str:
+    """A table's columns as content: a task without its number, an event
+    with its task's id where it holds the number (an earlier layout's rows
+    are already so, which makes the layouts' dumps comparable)."""
+    names = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')]
+    if table == "tasks":
+        names = [n for n in names if n != "task_no"]
+    if table == "task_events":
+        # An event whose task is missing keeps its number.
+        names = [f"coalesce({EVENT_TASK_ID}, task_no)" if n == "task_no" else n for n in names]
+    return ", ".join(names)
+
+
+# The second layout's fingerprint, and what the current one changed in its DDL.
+SECOND_LAYOUT_FINGERPRINT = "1609c2b5a35dfe830f0f24024f897dcf721bfeee0fc8c3e4bb032f332e545d52"
+SECOND_LAYOUT_SPELLINGS = [
+    ("    task_no INTEGER PRIMARY KEY,\n    id TEXT UNIQUE,\n", "    id TEXT PRIMARY KEY,\n"),
+    (
+        "task_no INTEGER NOT NULL REFERENCES tasks(task_no)",
+        "task_id TEXT NOT NULL REFERENCES tasks(id)",
+    ),
+    ("ON task_events(task_no)", "ON task_events(task_id)"),
+]
+
+
+def as_second_layout(path: Path) -> None:
+    """Rewrites a closed ledger as the second layout wrote it (tasks
+    numbered by rowid, events naming their task by id), with plain SQLite:
+    a file of that layout of any content, for tests of how such files are
+    read and upgraded. Its DDL is today's respelled, as the fingerprint
+    proves."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        ddl = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL"))
+        for name, sql in ddl.items():
+            for new, old in SECOND_LAYOUT_SPELLINGS:
+                sql = sql.replace(new, old)
+            ddl[name] = sql
+        indexes = [
+            n
+            for (n,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+            )
+        ]
+        conn.execute("BEGIN")
+        for name in indexes:
+            conn.execute(f"DROP INDEX {name}")
+        conn.execute("ALTER TABLE task_events RENAME TO current_events")
+        conn.execute("ALTER TABLE tasks RENAME TO current_tasks")
+        conn.execute(ddl["tasks"])
+        conn.execute(ddl["task_events"])
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(tasks)")]
+        conn.execute(
+            f"INSERT INTO tasks (rowid, {', '.join(columns)}) "
+            f"SELECT task_no, {', '.join(columns)} FROM current_tasks ORDER BY task_no"
+        )
+        columns = [r[1] for r in conn.execute("PRAGMA table_info(task_events)")]
+        picked = ["t.id" if c == "task_id" else f"e.{c}" for c in columns]
+        conn.execute(
+            f"INSERT INTO task_events ({', '.join(columns)}) SELECT {', '.join(picked)} "
+            "FROM current_events e JOIN current_tasks t ON t.task_no = e.task_no "
+            "ORDER BY e.sequence"
+        )
+        conn.execute("DROP TABLE current_events")
+        conn.execute("DROP TABLE current_tasks")
+        for name in indexes:
+            conn.execute(ddl[name])
+        conn.execute(
+            "UPDATE schema_meta SET value = ? WHERE key = 'schema_fingerprint'",
+            (SECOND_LAYOUT_FINGERPRINT,),
+        )
+        conn.execute("COMMIT")
+        conn.execute("VACUUM")
+
+
 def logical_dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table, ordered: the ledger's logical content."""
     uri = f"file:{path}?mode=ro"
@@ -182,7 +263,10 @@ def logical_dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
                 "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
             )
         ]
-        return {t: sorted(conn.execute(f'SELECT * FROM "{t}"'), key=repr) for t in tables}
+        return {
+            t: sorted(conn.execute(f'SELECT {logical_columns(conn, t)} FROM "{t}"'), key=repr)
+            for t in tables
+        }
 
 
 def report_outcome(results: Any, index: int, body: Callable[[], Any]) -> None:

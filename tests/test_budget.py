@@ -22,7 +22,7 @@ import pytest
 from taskwarden import Ledger
 from taskwarden.errors import InvalidInput, StateConflict, TaskNotFound
 
-from .conftest import FrozenClock, logical_dump
+from .conftest import EVENT_TASK_ID, FrozenClock, logical_dump
 
 I64_MAX = 2**63 - 1
 DIMENSIONS = {"calls": "llm_calls", "tokens": "tokens", "cost_micros": "cost"}
@@ -540,7 +540,7 @@ def test_a_charge_past_the_limit_with_a_lagging_clock_is_refused_not_raised(
 def _grant_events(db_path: Path) -> list[tuple[Any, ...]]:
     with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as conn:
         return conn.execute(
-            "SELECT task_id, code, grant_calls, grant_tokens, grant_cost_micros "
+            f"SELECT {EVENT_TASK_ID}, code, grant_calls, grant_tokens, grant_cost_micros "
             "FROM task_events WHERE event_kind = 'budget_granted' ORDER BY sequence"
         ).fetchall()
 

@@ -24,7 +24,7 @@ import pytest
 from taskwarden import Ledger, TaskStatus
 from taskwarden.errors import ClaimLost
 
-from .conftest import FrozenClock, logical_dump, report_outcome
+from .conftest import EVENT_TASK_ID, FrozenClock, logical_dump, report_outcome
 
 SPAWN = multiprocessing.get_context("spawn")
 PROCESSES = 8
@@ -196,7 +196,7 @@ def test_processes_claim_every_task_exactly_once(db_path: Path, limit: int) -> N
     # The audit trail agrees: one claim event per task, by the worker that reported it.
     with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as conn:
         claims = conn.execute(
-            "SELECT task_id, worker FROM task_events "
+            f"SELECT {EVENT_TASK_ID}, worker FROM task_events "
             "WHERE event_kind = 'task_transition' AND from_value = 'queued' "
             "AND to_value = 'running'"
         ).fetchall()

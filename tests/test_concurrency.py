@@ -24,7 +24,7 @@ import pytest
 from taskwarden import Ledger
 from taskwarden.errors import LedgerBusy, StateConflict
 
-from .conftest import run_cli
+from .conftest import EVENT_TASK_ID, run_cli
 
 SPAWN = multiprocessing.get_context("spawn")
 PROCESSES = 4
@@ -104,8 +104,8 @@ def event_chains(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     chains: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     with contextlib.closing(sqlite3.connect(path)) as conn:
         rows = conn.execute(
-            "SELECT task_id, event_kind, from_value, to_value FROM task_events "
-            "ORDER BY task_id, sequence"
+            f"SELECT {EVENT_TASK_ID} AS task_id, event_kind, from_value, to_value "
+            "FROM task_events ORDER BY task_id, sequence"
         )
         for task_id, kind, before, after in rows:
             chains[task_id].append((kind, before, after))
@@ -114,7 +114,7 @@ def event_chains(path: Path) -> dict[str, list[tuple[Any, ...]]]:
 
 def event_counts(path: Path) -> dict[str, int]:
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        return dict(conn.execute("SELECT task_id, COUNT(*) FROM task_events GROUP BY task_id"))
+        return dict(conn.execute(f"SELECT {EVENT_TASK_ID}, COUNT(*) FROM task_events GROUP BY 1"))
 
 
 def task_count(path: Path) -> int:

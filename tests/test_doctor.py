@@ -37,7 +37,7 @@ import task_state_guard as tsg
 from taskwarden import Ledger
 from taskwarden.errors import LedgerError, StateConflict
 
-from .conftest import FrozenClock, run_cli
+from .conftest import EVENT_TASK_ID, OF_TASK, FrozenClock, run_cli
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -88,6 +88,7 @@ def tid(n: int) -> str:
 
 IDS = {name: tid(i + 1) for i, name in enumerate(NAMES)}
 MISSING_ID = tid(999)
+MISSING_TASK_NO = 999
 
 HEALTHY_STATUS = {
     "queued": 2,
@@ -248,16 +249,20 @@ def tampering(path: Path, *, ignore_checks: bool = False) -> Iterator[sqlite3.Co
 def sequences(conn: sqlite3.Connection, task: str) -> list[int]:
     """The event sequence numbers of a task, by its fixture name or its id."""
     rows = conn.execute(
-        "SELECT sequence FROM task_events WHERE task_id = ? ORDER BY sequence",
+        f"SELECT sequence FROM task_events WHERE {OF_TASK} ORDER BY sequence",
         (IDS.get(task, task),),
     )
     return [r[0] for r in rows]
 
 
-EVENT_COLS = (
-    "task_id, event_kind, from_value, to_value, occurred_at, code, worker, "
+EVENT_FIELDS = (
+    "event_kind, from_value, to_value, occurred_at, code, worker, "
     "grant_calls, grant_tokens, grant_cost_micros, event_hash"
 )
+# An event as its hash reads it: its task's id first.
+EVENT_COLS = f"{EVENT_TASK_ID}, {EVENT_FIELDS}"
+# An event as stored: its task's number first.
+STORED_EVENT_COLS = f"task_no, {EVENT_FIELDS}"
 
 
 def chain_hash(prev: bytes, row: tuple[Any, ...]) -> bytes:
@@ -290,7 +295,7 @@ def rechain(conn: sqlite3.Connection, task: str) -> None:
 def forger_reproduces_chain(path: Path) -> bool:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         heads: dict[str, bytes] = {}
-        for row in conn.execute(f"SELECT {EVENT_COLS} FROM task_events ORDER BY task_id, sequence"):
+        for row in conn.execute(f"SELECT {EVENT_COLS} FROM task_events ORDER BY 1, sequence"):
             if chain_hash(heads.get(row[0], bytes(32)), row) != row[10]:
                 return False
             heads[row[0]] = row[10]
@@ -300,12 +305,12 @@ def forger_reproduces_chain(path: Path) -> bool:
 def swap_events(conn: sqlite3.Connection, a: int, b: int) -> None:
     """Exchange the whole contents (hash included) of events ``a`` and ``b``."""
     row_a = conn.execute(
-        f"SELECT {EVENT_COLS} FROM task_events WHERE sequence = ?", (a,)
+        f"SELECT {STORED_EVENT_COLS} FROM task_events WHERE sequence = ?", (a,)
     ).fetchone()
     row_b = conn.execute(
-        f"SELECT {EVENT_COLS} FROM task_events WHERE sequence = ?", (b,)
+        f"SELECT {STORED_EVENT_COLS} FROM task_events WHERE sequence = ?", (b,)
     ).fetchone()
-    assignments = ", ".join(f"{c.strip()} = ?" for c in EVENT_COLS.split(","))
+    assignments = ", ".join(f"{c.strip()} = ?" for c in STORED_EVENT_COLS.split(","))
     conn.execute(f"UPDATE task_events SET {assignments} WHERE sequence = ?", (*row_b, a))
     conn.execute(f"UPDATE task_events SET {assignments} WHERE sequence = ?", (*row_a, b))
 
@@ -332,7 +337,9 @@ def test_healthy_ledger_has_exact_counts(copy: Path) -> None:
     assert report["delivery_status_counts"] == HEALTHY_DELIVERY
     assert {k: report[k] for k in PROBLEM_COUNTERS} == dict.fromkeys(PROBLEM_COUNTERS, 0)
     with contextlib.closing(sqlite3.connect(copy)) as conn:
-        per_task = dict(conn.execute("SELECT task_id, count(*) FROM task_events GROUP BY 1"))
+        per_task = dict(
+            conn.execute(f"SELECT {EVENT_TASK_ID}, count(*) FROM task_events GROUP BY 1")
+        )
     assert per_task == {IDS[name]: n for name, n in EVENTS_PER_TASK.items()}
 
 
@@ -397,8 +404,8 @@ def _insert_copy_of_last(task: str) -> Callable[[sqlite3.Connection], None]:
     def edit(conn: sqlite3.Connection) -> None:
         seq = sequences(conn, task)[-1]
         conn.execute(
-            f"INSERT INTO task_events ({EVENT_COLS}) SELECT {EVENT_COLS} FROM task_events "
-            "WHERE sequence = ?",
+            f"INSERT INTO task_events ({STORED_EVENT_COLS}) "
+            f"SELECT {STORED_EVENT_COLS} FROM task_events WHERE sequence = ?",
             (seq,),
         )
 
@@ -407,17 +414,15 @@ def _insert_copy_of_last(task: str) -> Callable[[sqlite3.Connection], None]:
 
 def _orphan_event(conn: sqlite3.Connection) -> None:
     conn.execute(
-        f"INSERT INTO task_events ({EVENT_COLS}) "
+        f"INSERT INTO task_events ({STORED_EVENT_COLS}) "
         "VALUES (?, 'created', NULL, 'queued', 1800000000.0, 'created', NULL, NULL, NULL, NULL, ?)",
-        (MISSING_ID, hashlib.sha256(b"orphan").digest()),
+        (MISSING_TASK_NO, hashlib.sha256(b"orphan").digest()),
     )
 
 
 def _uppercase_id(conn: sqlite3.Connection) -> None:
+    # Its events name it by number, and so follow it.
     conn.execute("UPDATE tasks SET id = upper(id) WHERE id = ?", (IDS["queued"],))
-    conn.execute(
-        "UPDATE task_events SET task_id = upper(task_id) WHERE task_id = ?", (IDS["queued"],)
-    )
     assert IDS["queued"].upper() != IDS["queued"]
 
 
@@ -686,14 +691,14 @@ CHECK_BREAKS = {
     # a row that no longer decodes: SQLite judges its CHECKs
     "unknown_status": ("UPDATE tasks SET status = 'paused' WHERE id = ?", "queued"),
     "short_event_hash": (
-        "UPDATE task_events SET event_hash = zeroblob(31) WHERE task_id = ?",
+        f"UPDATE task_events SET event_hash = zeroblob(31) WHERE {OF_TASK}",
         "queued",
     ),
     # rows that decode: doctor's scan judges the CHECKs itself
     "negative_usage": ("UPDATE tasks SET llm_calls_used = -1 WHERE id = ?", "running"),
     "empty_tenant": ("UPDATE tasks SET tenant = '' WHERE id = ?", "queued"),
     "unknown_event_kind": (
-        "UPDATE task_events SET event_kind = 'paused' WHERE task_id = ?",
+        f"UPDATE task_events SET event_kind = 'paused' WHERE {OF_TASK}",
         "queued",
     ),
 }
@@ -829,8 +834,8 @@ def test_forged_chain_is_caught_by_the_replay(forgery: str, copy: Path) -> None:
         if forgery == "extra_delivery_event":
             # A second delivery outcome after the first one.
             conn.execute(
-                f"INSERT INTO task_events ({EVENT_COLS}) SELECT {EVENT_COLS} FROM task_events "
-                "WHERE sequence = ?",
+                f"INSERT INTO task_events ({STORED_EVENT_COLS}) "
+                f"SELECT {STORED_EVENT_COLS} FROM task_events WHERE sequence = ?",
                 (seqs[-1],),
             )
         else:

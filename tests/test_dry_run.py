@@ -20,13 +20,13 @@ import task_state_guard as tsg
 from taskwarden import Ledger
 from taskwarden.errors import InvalidInput, StateConflict, TaskNotFound
 
-from .conftest import FrozenClock, held_open, run_cli
+from .conftest import FrozenClock, as_second_layout, held_open, run_cli
 from .test_reconcile import SCENARIO_EXPECTED, build_scenario, counts, expect, tid
 
 BASE = 1_000_000_000.0  # long past: wall-clock (CLI) runs are deterministic too
 GRACES = [(600.0, 3600.0), (0.0, 0.0), (600.0, 0.0)]
 CLOCKS = [BASE, BASE + 5000.0]
-KINDS = ["taskwarden", "peer_v1", "peer_v2"]
+KINDS = ["taskwarden", "second_layout", "peer_v1", "peer_v2"]
 
 
 def private_dir(tmp_path: Path, name: str) -> Path:
@@ -39,9 +39,11 @@ def build_file(directory: Path, kind: str) -> tuple[Path, dict[str, str]]:
     """The fixed scenario in a cleanly closed file written by taskwarden or the peer."""
     path = directory / "ledger.db"
     clock = FrozenClock(BASE)
-    if kind == "taskwarden":
+    if kind in ("taskwarden", "second_layout"):
         with Ledger(path, clock=clock) as ledger:
             ids = build_scenario(ledger, clock, BASE)
+        if kind == "second_layout":
+            as_second_layout(path)
     else:
         ids = build_scenario(tsg.Ledger(path, clock=clock), clock, BASE)
     if kind == "peer_v1":
@@ -103,8 +105,10 @@ def test_read_only_dry_run_changes_nothing_and_previews_like_the_peer(
         assert counts(expected[BASE, active, delivery]) == SCENARIO_EXPECTED[active, delivery]
     path, ids = build_file(private_dir(tmp_path, "subject"), kind)
     version = schema_version(path)
-    assert version == {"taskwarden": "3", "peer_v1": "1", "peer_v2": "2"}[kind]
-    if kind != "taskwarden":  # the peer's own preview of this very file agrees
+    assert (
+        version == {"taskwarden": "3", "second_layout": "3", "peer_v1": "1", "peer_v2": "2"}[kind]
+    )
+    if kind.startswith("peer"):  # the peer's own preview of this very file agrees
         peer = tsg.Ledger(path, read_only=True, clock=FrozenClock(BASE))
         own = peer.reconcile(
             active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
@@ -219,7 +223,7 @@ def _refused_read_only(path: Path) -> None:
     assert disk_state(path) == before
 
 
-@pytest.mark.parametrize("kind", ["taskwarden", "peer_v2"])
+@pytest.mark.parametrize("kind", ["taskwarden", "second_layout", "peer_v2"])
 def test_a_closed_rollback_journal_file_is_previewed_from_its_copy(
     tmp_path: Path, kind: str
 ) -> None:
@@ -242,7 +246,7 @@ def test_a_closed_rollback_journal_file_is_previewed_from_its_copy(
         assert reader.reconcile(**graces, dry_run=True) == expected
         assert reader.doctor()["healthy"] is True
     # A task-state-guard file's plain doctor answers from the copy, too.
-    for mode in (["--read-only"], [] if kind == "peer_v2" else ["--read-only"]):
+    for mode in (["--read-only"], ["--read-only"] if kind == "taskwarden" else []):
         code, out, _ = run_cli("--db", str(path), "doctor", *mode)
         assert (code, out["healthy"]) == (0, True)
     assert disk_state(path) == before
@@ -347,8 +351,8 @@ def test_a_writer_opened_after_a_live_read_only_handle_is_refused_clearly(
                     assert second_writer.create_task().status == "queued"
 
 
-@pytest.mark.parametrize("kind", ["peer_v1", "peer_v2"])
-def test_live_wal_peer_file_previews_without_migrating(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize("kind", ["second_layout", "peer_v1", "peer_v2"])
+def test_live_wal_earlier_file_previews_without_migrating(tmp_path: Path, kind: str) -> None:
     expected = peer_previews(tmp_path)
     path, _ = build_file(private_dir(tmp_path, "subject"), kind)
     with held_open(SQLITE_HOLDER, str(path)):
@@ -358,7 +362,7 @@ def test_live_wal_peer_file_previews_without_migrating(tmp_path: Path, kind: str
                 active_grace_seconds=600.0, delivery_grace_seconds=3600.0, dry_run=True
             )
         assert report == expected[BASE, 600.0, 3600.0]
-    assert schema_version(path) == kind[-1]
+    assert schema_version(path) == {"second_layout": "3", "peer_v1": "1", "peer_v2": "2"}[kind]
 
 
 def test_a_live_peer_file_is_held_to_the_snapshot_cap(tmp_path: Path) -> None:

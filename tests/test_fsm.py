@@ -26,7 +26,7 @@ from taskwarden import (
     can_transition,
 )
 
-from .conftest import FrozenClock, logical_dump
+from .conftest import OF_TASK, FrozenClock, logical_dump
 
 S = TaskStatus
 ALL = list(TaskStatus)
@@ -81,7 +81,7 @@ def events(path: Path, task_id: str) -> list[tuple[Any, ...]]:
         return list(
             conn.execute(
                 "SELECT event_kind, from_value, to_value, code, worker FROM task_events "
-                "WHERE task_id = ? ORDER BY sequence",
+                f"WHERE {OF_TASK} ORDER BY sequence",
                 (task_id,),
             )
         )

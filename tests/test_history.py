@@ -14,7 +14,7 @@ import task_state_guard as tsg
 from taskwarden import Event, Ledger, StateConflict, TaskNotFound
 from taskwarden.errors import InvalidInput
 
-from .conftest import FrozenClock, run_cli
+from .conftest import OF_TASK, FrozenClock, run_cli
 from .test_doctor import EVENT_COLS, chain_hash
 
 T0 = 1_800_000_000.0
@@ -105,12 +105,12 @@ def test_an_unknown_or_malformed_id(ledger: Ledger) -> None:
 # Each edit leaves the file a valid SQLite file; ``?`` is the task's id.
 EDITS = {
     "code_rewritten": "UPDATE task_events SET code = 'worker_failed' "
-    "WHERE task_id = ? AND code = 'worker_completed'",
+    f"WHERE {OF_TASK} AND code = 'worker_completed'",
     "worker_turned_into_free_text": "UPDATE task_events SET worker = 'SECRET PROMPT TEXT' "
-    "WHERE task_id = ? AND worker IS NOT NULL",
+    f"WHERE {OF_TASK} AND worker IS NOT NULL",
     "last_event_deleted": "DELETE FROM task_events WHERE sequence = "
-    "(SELECT max(sequence) FROM task_events WHERE task_id = ?)",
-    "times_rewritten": "UPDATE task_events SET occurred_at = -occurred_at WHERE task_id = ?",
+    f"(SELECT max(sequence) FROM task_events WHERE {OF_TASK})",
+    "times_rewritten": f"UPDATE task_events SET occurred_at = -occurred_at WHERE {OF_TASK}",
 }
 
 
@@ -167,11 +167,11 @@ def test_free_text_in_a_rehashed_chain_is_refused_too(db_path: Path, clock: Froz
         ledger.close_task(task.id, "succeeded", code="worker_completed", worker="w1")
     with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
         conn.execute(
-            "UPDATE task_events SET worker = 'SECRET PROMPT TEXT' WHERE task_id = ?", (task.id,)
+            f"UPDATE task_events SET worker = 'SECRET PROMPT TEXT' WHERE {OF_TASK}", (task.id,)
         )
         prev = bytes(32)
         for row in conn.execute(
-            f"SELECT {EVENT_COLS}, sequence FROM task_events WHERE task_id = ? ORDER BY sequence",
+            f"SELECT {EVENT_COLS}, sequence FROM task_events WHERE {OF_TASK} ORDER BY sequence",
             (task.id,),
         ).fetchall():
             prev = chain_hash(prev, row)

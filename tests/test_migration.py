@@ -22,12 +22,12 @@ import task_state_guard as tsg
 from taskwarden import Ledger
 from taskwarden.errors import StateConflict
 
-from .conftest import PEER_TASK_FIELDS, FrozenClock, held_open, logical_dump
+from .conftest import EVENT_TASK_ID, PEER_TASK_FIELDS, FrozenClock, held_open, logical_dump
 
-EVENT_SQL = (
-    "SELECT sequence, task_id, event_kind, from_value, to_value, occurred_at, code "
-    "FROM task_events ORDER BY sequence"
-)
+EVENT_FIELDS = "event_kind, from_value, to_value, occurred_at, code FROM task_events"
+# A peer's event names its task by id; taskwarden's by the task's number.
+PEER_EVENT_SQL = f"SELECT sequence, task_id, {EVENT_FIELDS} ORDER BY sequence"
+EVENT_SQL = f"SELECT sequence, {EVENT_TASK_ID}, {EVENT_FIELDS} ORDER BY sequence"
 SCHEMA_SQL = (
     "SELECT type, name, tbl_name, sql FROM sqlite_master "
     "WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
@@ -181,7 +181,7 @@ def build_peer_file(path: Path, clock: FrozenClock, version: int) -> PeerFile:
             "DELETE FROM schema_meta WHERE key = 'schema_fingerprint'",
             "UPDATE schema_meta SET value = '1' WHERE key = 'schema_version'",
         )
-    out.events = query(path, EVENT_SQL)
+    out.events = query(path, PEER_EVENT_SQL)
     assert len(out.events) >= 30
     assert schema_meta(path)["schema_version"] == str(version)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -194,7 +194,7 @@ def peer_file(request: pytest.FixtureRequest, db_path: Path, clock: FrozenClock)
 
 
 @pytest.fixture
-def fresh_v3(tmp_path: Path) -> Path:
+def fresh(tmp_path: Path) -> Path:
     """A ledger file created by taskwarden itself, in its own private directory."""
     directory = tmp_path / "fresh"
     directory.mkdir(mode=0o700)
@@ -233,11 +233,11 @@ def test_migration_keeps_every_event_row(peer_file: PeerFile) -> None:
     assert query(peer_file.path, EVENT_SQL) == peer_file.events
 
 
-def test_migrated_schema_is_exactly_a_fresh_v3_schema(peer_file: PeerFile, fresh_v3: Path) -> None:
+def test_migrated_schema_is_exactly_a_fresh_schema(peer_file: PeerFile, fresh: Path) -> None:
     with Ledger(peer_file.path):
         pass
-    assert query(peer_file.path, SCHEMA_SQL) == query(fresh_v3, SCHEMA_SQL)
-    assert schema_meta(peer_file.path) == schema_meta(fresh_v3)
+    assert query(peer_file.path, SCHEMA_SQL) == query(fresh, SCHEMA_SQL)
+    assert schema_meta(peer_file.path) == schema_meta(fresh)
     assert schema_meta(peer_file.path)["schema_version"] == str(Ledger.SCHEMA_VERSION) == "3"
     assert query(peer_file.path, "PRAGMA integrity_check") == [("ok",)]
     assert query(peer_file.path, "PRAGMA foreign_key_check") == []
@@ -342,7 +342,7 @@ def _assert_read_only_preview(peer_file: PeerFile) -> None:
     assert file_state(peer_file.path) == before
     assert schema_meta(peer_file.path) == before_meta
     assert before_meta["schema_version"] == str(peer_file.version)
-    assert query(peer_file.path, EVENT_SQL) == peer_file.events
+    assert query(peer_file.path, PEER_EVENT_SQL) == peer_file.events
 
 
 def test_read_only_open_never_migrates_yet_reads_correctly(peer_file: PeerFile) -> None:
@@ -407,7 +407,7 @@ def test_unsupported_schema_version_is_refused(db_path: Path, clock: FrozenClock
 
 
 # Rows the peer's own API never writes, made by hand. Migrated, each would
-# be a v3 file doctor calls unhealthy (and free text would be stored), so
+# be a file doctor calls unhealthy (and free text would be stored), so
 # the migration refuses the file and leaves it the peer's.
 ROW_DAMAGE = {
     "free_text_in_an_event": (

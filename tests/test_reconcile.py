@@ -25,7 +25,7 @@ import task_state_guard as tsg
 from taskwarden import Ledger, ReconcilePolicy, reconcile_restart
 from taskwarden.errors import InvalidInput, LedgerBusy, StateConflict, TaskNotFound
 
-from .conftest import FrozenClock, held_open, logical_dump, run_cli
+from .conftest import EVENT_TASK_ID, OF_TASK, FrozenClock, held_open, logical_dump, run_cli
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -90,10 +90,13 @@ def execute(path: Path, sql: str, params: tuple[Any, ...] = ()) -> None:
 
 
 def events(path: Path, task_id: str | None = None) -> list[tuple[Any, ...]]:
-    sql = "SELECT task_id, event_kind, from_value, to_value, occurred_at, code FROM task_events"
+    sql = (
+        f"SELECT {EVENT_TASK_ID}, event_kind, from_value, to_value, occurred_at, code "
+        "FROM task_events"
+    )
     if task_id is None:
         return query(path, sql + " ORDER BY sequence")
-    return query(path, sql + " WHERE task_id = ? ORDER BY sequence", (task_id,))
+    return query(path, sql + f" WHERE {OF_TASK} ORDER BY sequence", (task_id,))
 
 
 def private_copy(src: Path, tmp_path: Path, name: str) -> Path:

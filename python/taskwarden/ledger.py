@@ -146,7 +146,8 @@ class Ledger:
     - ``snapshot_max_bytes``: the largest file a read-only open copies into
       memory (64 MiB by default).
     - ``migrate``: a writable open migrates a task-state-guard 0.1.0 file
-      to schema v3 (one way: the peer cannot open it afterwards); with
+      to schema v3, and an earlier taskwarden layout to the current one
+      (one way: the peer, or that build, cannot open it afterwards); with
       ``False`` such a file is refused (``StateConflict``) and left as it is.
     - ``create``: a writable open makes a missing file (and its missing
       parent directories); with ``False`` a path with no file is refused

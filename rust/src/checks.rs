@@ -131,9 +131,8 @@ mod tests {
                  updated_at, delivery_updated_at, event_head)
              VALUES ('01890000-0000-7000-8000-000000000001', 'queued', 'pending', 1,
                  1.0, 1.0, 1.0, zeroblob(32));
-             INSERT INTO task_events (task_id, event_kind, to_value, occurred_at, event_hash)
-             VALUES ('01890000-0000-7000-8000-000000000001', 'created', 'queued', 1.0,
-                 zeroblob(32));",
+             INSERT INTO task_events (task_no, event_kind, to_value, occurred_at, event_hash)
+             VALUES (1, 'created', 'queued', 1.0, zeroblob(32));",
         )?;
         tx.commit()?;
         conn.pragma_update(None, "ignore_check_constraints", true)?;

@@ -19,7 +19,7 @@ use crate::checks::{self, Table};
 use crate::errors::Result;
 use crate::fsm::{ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
 use crate::index_audit::{self, Digest, Tally};
-use crate::replay::{event_row, Chain, EventRow, EVENT_COLUMNS};
+use crate::replay::{event_row, Chain, EventRow, EVENTS_OF_TASKS, EVENT_COLUMNS};
 use crate::schema::{self, Found};
 use crate::task::{TaskRow, COLUMNS};
 
@@ -147,9 +147,7 @@ pub fn check(tx: &Transaction<'_>) -> Report {
     let mut report = Report::empty();
     report.quick_check_ok = true;
     report.schema_version = stored_version(tx);
-    // A first-layout file (read-only, not yet upgraded) has the same
-    // constraints in other words: its schema is sound.
-    report.schema_ok = matches!(schema::inspect(tx), Ok(Found::Current | Found::FirstLayout));
+    report.schema_ok = matches!(schema::inspect(tx), Ok(Found::Current));
     if !report.schema_ok {
         report.doctor_error_count = 1;
         report.settle();
@@ -192,14 +190,20 @@ struct ChildSums {
     cost: i128,
 }
 
+/// Each task's events through the events' index, in the tasks' order, with
+/// no sort (without `t.task_no`, which the id index holds, SQLite sorts
+/// each task's events). An event whose task is missing is not in it:
+/// `cross_check_indexes` finds those.
+fn event_stream() -> String {
+    format!("SELECT {EVENT_COLUMNS} FROM {EVENTS_OF_TASKS} ORDER BY t.id, t.task_no, e.sequence")
+}
+
 // One streaming merge of three cursors: split up, its invariants (which
 // cursor is ahead of which) would be spread over many signatures.
 #[allow(clippy::too_many_lines)]
 fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
     let mut tasks = tx.prepare(&format!("SELECT {COLUMNS}, rowid FROM tasks ORDER BY id"))?;
-    let mut events = tx.prepare(&format!(
-        "SELECT {EVENT_COLUMNS} FROM task_events ORDER BY task_id, sequence"
-    ))?;
+    let mut events = tx.prepare(&event_stream())?;
     let mut children = tx.prepare(
         "SELECT parent_id, llm_calls_used, tokens_used, cost_used_micros FROM tasks
          WHERE parent_id IS NOT NULL ORDER BY parent_id",
@@ -229,11 +233,10 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             report.state_inconsistency_count += 1;
             all_decoded = false;
             report.check_suspects.push((Table::Tasks, rowid));
+            while next_event.as_ref().is_some_and(|e| e.task_no == rowid) {
+                next_event = advance_event(&mut event_rows, report)?;
+            }
             if let Ok(id) = row.get::<_, String>(0) {
-                while let Some(e) = next_event.as_ref().filter(|e| e.task_id() <= id.as_str()) {
-                    report.foreign_key_error_count += i64::from(e.task_id() < id.as_str());
-                    next_event = advance_event(&mut event_rows, report)?;
-                }
                 while let Some(c) = next_child.as_ref().filter(|c| c.parent <= id) {
                     report.orphan_count += i64::from(c.parent < id);
                     next_child = advance_child(&mut child_rows)?;
@@ -253,16 +256,8 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
         report.check_violation_count += i64::from(!checks::task_passes(&task));
         expected_indexes.add(rowid, &task);
 
-        // Events of tasks that sort before this one belong to no task.
-        while next_event
-            .as_ref()
-            .is_some_and(|e| e.task_id() < task.id.as_str())
-        {
-            report.foreign_key_error_count += 1;
-            next_event = advance_event(&mut event_rows, report)?;
-        }
         let mut chain = Chain::new();
-        while next_event.as_ref().is_some_and(|e| e.task_id() == task.id) {
+        while next_event.as_ref().is_some_and(|e| e.task_no == rowid) {
             if let Some(e) = next_event.take() {
                 chain.feed(&e);
             }
@@ -342,8 +337,22 @@ fn cross_check_indexes(
     }
     let events_in_table = index_audit::tally(
         tx,
-        "SELECT sequence, task_id, event_hash FROM task_events NOT INDEXED",
+        "SELECT sequence, task_no, event_hash FROM task_events NOT INDEXED",
     )?;
+    if events_in_table == report.stream_events {
+        return Ok(());
+    }
+    // Events whose task is missing (the stream joins events to tasks) are
+    // broken references; only what is still unaccounted for after them is
+    // an index that disagrees with its table.
+    let orphans = index_audit::tally(
+        tx,
+        "SELECT sequence, task_no, event_hash FROM task_events e NOT INDEXED
+         WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.task_no = e.task_no)",
+    )?;
+    report.event_count += orphans.count;
+    report.foreign_key_error_count += orphans.count;
+    report.stream_events.add_all(orphans);
     if events_in_table != report.stream_events {
         report.event_inconsistency_count += 1;
     }
@@ -358,7 +367,7 @@ fn advance_event(rows: &mut rusqlite::Rows<'_>, report: &mut Report) -> Result<O
         report.event_count += 1;
         report.stream_events.add(
             Digest::new(row.get(11).unwrap_or(-1))
-                .value(row.get_ref(0)?)
+                .value(row.get_ref(12)?)
                 .value(row.get_ref(10)?),
         );
         let Ok(e) = event_row(row) else {
@@ -388,4 +397,21 @@ fn advance_child(rows: &mut rusqlite::Rows<'_>) -> Result<Option<ChildSums>> {
         tokens: num(2),
         cost: num(3),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::event_stream;
+    use crate::schema::test_support::plan;
+
+    /// The events come through the events' index, task by task in the
+    /// tasks' id order, with no sort of all of them (a temporary b-tree
+    /// the size of the table).
+    #[test]
+    fn the_event_stream_needs_no_sort() -> crate::errors::Result<()> {
+        let events = plan(&event_stream())?;
+        assert!(!events.contains("TEMP B-TREE"), "{events}");
+        assert!(events.contains("task_events_task_idx"), "{events}");
+        Ok(())
+    }
 }

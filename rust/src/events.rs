@@ -130,9 +130,10 @@ pub fn append(tx: &Transaction<'_>, prev: &Hash, event: &Event) -> Result<Hash> 
         None => (None, None, None),
     };
     tx.prepare_cached(
-        "INSERT INTO task_events (task_id, event_kind, from_value, to_value, occurred_at, code,
+        "INSERT INTO task_events (task_no, event_kind, from_value, to_value, occurred_at, code,
             worker, grant_calls, grant_tokens, grant_cost_micros, event_hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+         VALUES ((SELECT task_no FROM tasks WHERE id = ?1), ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
+            ?11)",
     )?
     .execute(params![
         event.task_id,

@@ -10,7 +10,7 @@ use rusqlite::Transaction;
 
 use crate::errors::{Error, Result};
 use crate::events::Event;
-use crate::replay::{event_row, Chain, EVENT_COLUMNS};
+use crate::replay::{event_row, Chain, EVENTS_OF_TASKS, EVENT_COLUMNS};
 use crate::tasks;
 use crate::validate;
 
@@ -21,7 +21,7 @@ const UNVERIFIED: Error =
 pub fn of_task(tx: &Transaction<'_>, id: &str) -> Result<Vec<Event>> {
     let task = tasks::get(tx, id)?;
     let mut stmt = tx.prepare_cached(&format!(
-        "SELECT {EVENT_COLUMNS} FROM task_events WHERE task_id = ?1 ORDER BY sequence"
+        "SELECT {EVENT_COLUMNS} FROM {EVENTS_OF_TASKS} WHERE t.id = ?1 ORDER BY e.sequence"
     ))?;
     let rows = stmt
         .query_map([&task.id], event_row)?

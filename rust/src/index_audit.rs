@@ -86,6 +86,12 @@ impl Tally {
         self.count += 1;
         self.sum = self.sum.wrapping_add(digest.finish());
     }
+
+    /// Adds the rows of another tally.
+    pub fn add_all(&mut self, other: Tally) {
+        self.count += other.count;
+        self.sum = self.sum.wrapping_add(other.sum);
+    }
 }
 
 /// The tally of a query's rows: column 0 is the rowid, the others are keys.

@@ -24,6 +24,7 @@ mod fsm;
 mod held_files;
 mod history;
 mod index_audit;
+mod layout_upgrade;
 mod ledger;
 mod objects;
 mod reconcile;

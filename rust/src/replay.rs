@@ -9,24 +9,28 @@ use crate::events::{self, Event, Hash};
 use crate::fsm::{self, DeliveryStatus, TaskStatus};
 use crate::task::TaskRow;
 
-/// The columns [`event_row`] reads, in its order.
-pub const EVENT_COLUMNS: &str = "task_id, event_kind, from_value, to_value, occurred_at, code, \
-    worker, grant_calls, grant_tokens, grant_cost_micros, event_hash, sequence";
+/// The columns [`event_row`] reads, in its order, from [`EVENTS_OF_TASKS`]:
+/// an event names its task by number, and the chain hashes its task's id.
+pub const EVENT_COLUMNS: &str = "t.id, e.event_kind, e.from_value, e.to_value, e.occurred_at, \
+    e.code, e.worker, e.grant_calls, e.grant_tokens, e.grant_cost_micros, e.event_hash, \
+    e.sequence, e.task_no";
+
+/// Every event beside its task (an event whose task is missing is not
+/// here). `CROSS JOIN` keeps the tasks the outer loop: in the order of an
+/// index of theirs, each task's events then follow through the events'
+/// index, already in order, where SQLite would otherwise sort them all.
+pub const EVENTS_OF_TASKS: &str = "tasks t CROSS JOIN task_events e ON e.task_no = t.task_no";
 
 /// One event row as read.
 pub struct EventRow {
     pub event: Event,
     pub stored_hash: Option<Hash>,
     pub sequence: i64,
+    /// The number of the task it names.
+    pub task_no: i64,
     /// Some but not all of the three grant columns are set. Such a row has
     /// no grant to hash, so only this flag tells it from an untouched one.
     partial_grant: bool,
-}
-
-impl EventRow {
-    pub fn task_id(&self) -> &str {
-        &self.event.task_id
-    }
 }
 
 /// Decodes a row selected with [`EVENT_COLUMNS`].
@@ -53,6 +57,7 @@ pub fn event_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
             },
         },
         sequence,
+        task_no: row.get(12)?,
         stored_hash,
         partial_grant: {
             let set = [grant.0.is_some(), grant.1.is_some(), grant.2.is_some()];

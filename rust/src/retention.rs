@@ -26,7 +26,9 @@ fn row_unchanged_since_cutoff(t: &str) -> String {
 /// Task `t` has an event after the cutoff: a grant changes a closed task
 /// without moving its row times, so its events count too.
 fn event_since_cutoff(t: &str) -> String {
-    format!("EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = {t}.id AND e.occurred_at > ?2)")
+    format!(
+        "EXISTS (SELECT 1 FROM task_events e WHERE e.task_no = {t}.task_no AND e.occurred_at > ?2)"
+    )
 }
 
 /// Task `t` last changed at or before the cutoff: its row and its events.
@@ -37,6 +39,9 @@ fn unchanged_since_cutoff(t: &str) -> String {
         event_since_cutoff(t)
     )
 }
+
+/// The events of the task whose id is `?1`.
+const OF_TASK: &str = "task_no = (SELECT task_no FROM tasks WHERE id = ?1)";
 
 /// `delete_task`: one fully closed task without children, and its events.
 pub fn delete_task(tx: &Transaction<'_>, id: &str) -> Result<()> {
@@ -52,7 +57,7 @@ pub fn delete_task(tx: &Transaction<'_>, id: &str) -> Result<()> {
     if children > 0 {
         return Err(Error::Conflict("a task with children cannot be deleted"));
     }
-    tx.execute("DELETE FROM task_events WHERE task_id = ?1", [id])?;
+    tx.execute(&format!("DELETE FROM task_events WHERE {OF_TASK}"), [id])?;
     tx.execute("DELETE FROM tasks WHERE id = ?1", [id])?;
     Ok(())
 }
@@ -241,8 +246,8 @@ fn purge_batch(
         return Ok(None);
     };
     let mut count_events =
-        tx.prepare_cached("SELECT count(*) FROM task_events WHERE task_id = ?1")?;
-    let mut drop_events = tx.prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?;
+        tx.prepare_cached(&format!("SELECT count(*) FROM task_events WHERE {OF_TASK}"))?;
+    let mut drop_events = tx.prepare_cached(&format!("DELETE FROM task_events WHERE {OF_TASK}"))?;
     let mut drop_task = tx.prepare_cached("DELETE FROM tasks WHERE id = ?1")?;
     let mut taken = 0;
     // The last root this batch examined: where the next one starts.
@@ -350,7 +355,7 @@ pub fn stats(tx: &Transaction<'_>, tenant: Option<&str>) -> Result<Stats> {
     }
     out.event_count = if tenant.is_some() {
         tx.query_row(
-            "SELECT count(*) FROM task_events e JOIN tasks t ON t.id = e.task_id WHERE t.tenant = ?1",
+            "SELECT count(*) FROM task_events e JOIN tasks t ON t.task_no = e.task_no WHERE t.tenant = ?1",
             [tenant],
             |r| r.get(0),
         )?

@@ -1,5 +1,7 @@
-//! The v3 schema, its exact fingerprint, and the one-transaction migration
-//! of task-state-guard 0.1.0 files (schema v1 and v2).
+//! The v3 schema, its exact fingerprint, and how files of an earlier
+//! schema are recognised: task-state-guard 0.1.0's (v1 and v2, migrated
+//! here in one transaction) and taskwarden's own earlier v3 layouts (see
+//! `layout_upgrade`).
 //!
 //! The peer refuses any file whose schema objects differ from its own by a
 //! single token, so taskwarden's additions live under a new version number:
@@ -23,12 +25,13 @@ pub const SCHEMA_VERSION: i64 = 3;
 pub const PEER_FINGERPRINT: &str =
     "50ae209ec97afb360e142cfae85767f575acc2a065103f5b642bfd0c141e08f6";
 
-/// The fingerprint of the first v3 layout, written by taskwarden builds
-/// before its CHECKs gave up `IN` lists. Its constraints mean exactly what
-/// the current ones mean, so such a file is upgraded in place on its first
-/// writable open (only the tables' stored text changes), and read as it is.
-pub const FIRST_LAYOUT_FINGERPRINT: &str =
-    "982ad3385d1ee3cb3bf59c616f18e2eb60bbc49373064357ea19cce3eca06f27";
+/// The fingerprints of taskwarden's earlier v3 layouts: the first, written
+/// by builds before its CHECKs gave up `IN` lists, and the second, whose
+/// events named their task by its text id.
+pub const EARLIER_LAYOUT_FINGERPRINTS: [&str; 2] = [
+    "982ad3385d1ee3cb3bf59c616f18e2eb60bbc49373064357ea19cce3eca06f27",
+    "1609c2b5a35dfe830f0f24024f897dcf721bfeee0fc8c3e4bb032f332e545d52",
+];
 
 const PEER_OBJECTS: [&str; 6] = [
     "schema_meta",
@@ -46,7 +49,13 @@ const PEER_OBJECTS: [&str; 6] = [
 /// The CHECKs spell their lists of values as `=` comparisons, never as
 /// `IN (...)`: SQLite builds a temporary index for an `IN` list of three or
 /// more values on every run of a statement that evaluates it, which made
-/// that a third of the cost of a claim (see [`FIRST_LAYOUT_FINGERPRINT`]).
+/// that a third of the cost of a claim (the first v3 layout's).
+///
+/// An event names its task by the task's number (`task_no`, the rowid it
+/// declares, so `VACUUM` keeps it), not by its 36-character id: each event
+/// row and each entry of the events' index is that much smaller, and a
+/// 100,000-task reconcile writes a fifth less (the second layout's events
+/// held the id).
 ///
 /// Every index but the events' is partial: it holds only the rows some
 /// query looks for (queued tasks to claim, running tasks to reconcile,
@@ -58,7 +67,8 @@ CREATE TABLE schema_meta (
     value TEXT NOT NULL
 );
 CREATE TABLE tasks (
-    id TEXT PRIMARY KEY,
+    task_no INTEGER PRIMARY KEY,
+    id TEXT UNIQUE,
     parent_id TEXT REFERENCES tasks(id),
     status TEXT NOT NULL CHECK (
         status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated'
@@ -106,7 +116,7 @@ CREATE TABLE tasks (
 );
 CREATE TABLE task_events (
     sequence INTEGER PRIMARY KEY,
-    task_id TEXT NOT NULL REFERENCES tasks(id),
+    task_no INTEGER NOT NULL REFERENCES tasks(task_no),
     event_kind TEXT NOT NULL CHECK (
         event_kind = 'created' OR event_kind = 'task_transition'
         OR event_kind = 'delivery_transition' OR event_kind = 'budget_granted'
@@ -128,7 +138,7 @@ CREATE INDEX tasks_pending_delivery_idx ON tasks(ended_at)
 CREATE INDEX tasks_queue_idx ON tasks(created_at, id) WHERE status = 'queued';
 CREATE INDEX tasks_tenant_queue_idx ON tasks(tenant, created_at, id)
     WHERE status = 'queued' AND tenant IS NOT NULL;
-CREATE INDEX task_events_task_idx ON task_events(task_id);
+CREATE INDEX task_events_task_idx ON task_events(task_no);
 ";
 
 /// What an existing file holds, judged before anything is written.
@@ -136,13 +146,31 @@ CREATE INDEX task_events_task_idx ON task_events(task_id);
 pub enum Found {
     /// No schema objects at all: a new or empty file.
     Empty,
-    /// A task-state-guard 0.1.0 file at version 1 or 2.
-    Peer(i64),
+    /// A file of an earlier schema or layout: migrated by a writable open
+    /// before anything is written, and read through a migrated private copy.
+    Earlier(Earlier),
     /// A current taskwarden file.
     Current,
-    /// A taskwarden file of the first v3 layout: readable as it is, and
-    /// upgraded by [`upgrade_first_layout`] before anything is written.
-    FirstLayout,
+}
+
+/// The earlier schemas and layouts a file may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Earlier {
+    /// A task-state-guard 0.1.0 file at version 1 or 2.
+    Peer(i64),
+    /// A taskwarden v3 file of an earlier layout.
+    Layout,
+}
+
+impl Earlier {
+    /// The version its `schema_meta` holds.
+    #[must_use]
+    pub fn version(self) -> i64 {
+        match self {
+            Earlier::Peer(version) => version,
+            Earlier::Layout => 3,
+        }
+    }
 }
 
 /// The fingerprint of the schema objects in `conn`'s main database: SHA-256
@@ -256,12 +284,8 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
     // known to be one of ours (damaged, say a column renamed by one
     // flipped byte, the read failed as an internal error).
     let fp = fingerprint(conn)?;
-    let known = [
-        current_fingerprint()?,
-        FIRST_LAYOUT_FINGERPRINT,
-        PEER_FINGERPRINT,
-    ];
-    if !known.contains(&fp.as_str()) {
+    let known = [current_fingerprint()?, PEER_FINGERPRINT];
+    if !known.contains(&fp.as_str()) && !EARLIER_LAYOUT_FINGERPRINTS.contains(&fp.as_str()) {
         return Err(MISMATCH);
     }
     let meta = read_meta(conn)?;
@@ -273,8 +297,11 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
                 |expected: &str| meta.len() == 2 && stored == Some(expected) && fp == expected;
             if exact(current_fingerprint()?) {
                 Ok(Found::Current)
-            } else if exact(FIRST_LAYOUT_FINGERPRINT) {
-                Ok(Found::FirstLayout)
+            } else if EARLIER_LAYOUT_FINGERPRINTS
+                .iter()
+                .any(|layout| exact(layout))
+            {
+                Ok(Found::Earlier(Earlier::Layout))
             } else {
                 Err(MISMATCH)
             }
@@ -291,7 +318,11 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
                     && meta.get("schema_fingerprint").map(String::as_str) == Some(PEER_FINGERPRINT)
             };
             if objects_ok && meta_ok && fp == PEER_FINGERPRINT {
-                Ok(Found::Peer(if version == "1" { 1 } else { 2 }))
+                Ok(Found::Earlier(Earlier::Peer(if version == "1" {
+                    1
+                } else {
+                    2
+                })))
             } else {
                 Err(MISMATCH)
             }
@@ -354,43 +385,6 @@ fn write_meta(tx: &Transaction<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Brings a file of the first v3 layout to the current one inside `tx`:
-/// each table's stored `CREATE TABLE` text becomes a fresh file's. Only the
-/// CHECKs' spelling differs, never their meaning, so every row and page
-/// stays valid as it is, and SQLite's documented way to change a CHECK
-/// applies: edit `sqlite_master` and bump the schema cookie, so that every
-/// connection, the caller's too, reloads the schema at its next statement.
-pub fn upgrade_first_layout(tx: &Transaction<'_>) -> Result<()> {
-    let fresh = fresh_schema()?;
-    let mut tables = fresh.prepare(
-        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
-    )?;
-    let tables = tables
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let cookie: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
-    tx.execute_batch("PRAGMA writable_schema = ON")?;
-    let edited = tables.iter().try_for_each(|(name, sql)| {
-        tx.execute(
-            "UPDATE sqlite_master SET sql = ?2 WHERE type = 'table' AND name = ?1",
-            params![name, sql],
-        )
-        .map(drop)
-    });
-    // Off again before anything can fail out of this function.
-    let closed = tx.execute_batch("PRAGMA writable_schema = OFF");
-    edited?;
-    closed?;
-    tx.execute_batch(&format!("PRAGMA schema_version = {}", cookie + 1))?;
-    write_meta(tx)?;
-    if fingerprint(tx)? != current_fingerprint()? {
-        return Err(Error::Internal(
-            "layout upgrade did not produce the v3 schema",
-        ));
-    }
-    Ok(())
-}
-
 /// What a peer file's migration does with rows the peer itself would not
 /// migrate (codes outside its registry, broken parent links, values its
 /// CHECKs forbid).
@@ -429,54 +423,85 @@ pub fn migrate_peer(tx: &Transaction<'_>, damaged: DamagedRows) -> Result<()> {
 }
 
 fn move_peer_rows(tx: &Transaction<'_>) -> Result<()> {
+    rebuild(
+        tx,
+        &["tasks_parent_idx", "tasks_status_idx", "tasks_delivery_idx"],
+        |tx| {
+            // Numbered in id order, so the heads below are stored in the
+            // table's own order.
+            tx.execute(
+                "INSERT INTO tasks (id, parent_id, status, delivery_status, delivery_required,
+                    payload_hash, timeout_seconds, created_at, started_at, updated_at, ended_at,
+                    deadline_at, delivery_updated_at, terminal_code, delivery_code, version,
+                    attempt_count, max_attempts, llm_calls_budget, event_head)
+                 SELECT id, parent_id, status, delivery_status, delivery_required,
+                    payload_hash, timeout_seconds, created_at, started_at, updated_at, ended_at,
+                    deadline_at, delivery_updated_at, terminal_code, delivery_code, version,
+                    CASE WHEN started_at IS NULL THEN 0 ELSE 1 END, 3, NULL, zeroblob(32)
+                 FROM tw_migrating_tasks ORDER BY id",
+                [],
+            )?;
+            rechain_events(tx)
+        },
+    )
+}
+
+/// Rebuilds the tables of an earlier schema as the current ones inside
+/// `tx`: the old tables are renamed aside (their `indexes` dropped, as the
+/// new ones take the same names), `fill` copies their rows into the new
+/// tables, and then the new indexes are built and the old tables dropped.
+/// The schema ends exactly as a fresh file's, or the transaction fails.
+///
+/// Rows first, indexes after: building an index from a full table is one
+/// sort, far cheaper than growing it a row at a time.
+pub fn rebuild(
+    tx: &Transaction<'_>,
+    indexes: &[&str],
+    fill: impl FnOnce(&Transaction<'_>) -> Result<()>,
+) -> Result<()> {
+    for index in indexes {
+        tx.execute_batch(&format!("DROP INDEX {index}"))?;
+    }
     tx.execute_batch(
-        "DROP INDEX tasks_parent_idx;
-         DROP INDEX tasks_status_idx;
-         DROP INDEX tasks_delivery_idx;
-         ALTER TABLE tasks RENAME TO tw_migrating_tasks;
+        "ALTER TABLE tasks RENAME TO tw_migrating_tasks;
          ALTER TABLE task_events RENAME TO tw_migrating_events;
          DROP TABLE schema_meta;",
     )?;
-    // Rows first, indexes after: building an index from a full table is one
-    // sort, far cheaper than growing it a row at a time. The statements are
-    // the same text, so the schema ends exactly as a fresh file's.
-    let (tables, indexes) = DDL.split_at(DDL.find("CREATE INDEX").unwrap_or(DDL.len()));
+    // The same statement text as a fresh file's.
+    let (tables, new_indexes) = DDL.split_at(DDL.find("CREATE INDEX").unwrap_or(DDL.len()));
     tx.execute_batch(tables)?;
-    tx.execute(
-        "INSERT INTO tasks (id, parent_id, status, delivery_status, delivery_required,
-                payload_hash, timeout_seconds, created_at, started_at, updated_at, ended_at,
-                deadline_at, delivery_updated_at, terminal_code, delivery_code, version,
-                attempt_count, max_attempts, llm_calls_budget, event_head)
-             SELECT id, parent_id, status, delivery_status, delivery_required,
-                payload_hash, timeout_seconds, created_at, started_at, updated_at, ended_at,
-                deadline_at, delivery_updated_at, terminal_code, delivery_code, version,
-                CASE WHEN started_at IS NULL THEN 0 ELSE 1 END, 3, NULL, zeroblob(32)
-             FROM tw_migrating_tasks ORDER BY id",
-        [],
-    )?;
-    rechain_events(tx)?;
-    tx.execute_batch(indexes)?;
+    fill(tx)?;
+    tx.execute_batch(new_indexes)?;
     tx.execute_batch("DROP TABLE tw_migrating_events; DROP TABLE tw_migrating_tasks;")?;
     write_meta(tx)?;
     if fingerprint(tx)? != current_fingerprint()? {
-        return Err(Error::Internal("migration did not produce the v3 schema"));
+        return Err(Error::Internal(
+            "migration did not produce the current schema",
+        ));
     }
     Ok(())
 }
 
+/// What an event of the old table is numbered with in the new one: its
+/// task's number, or, for an event whose task is missing (damage), a
+/// number no task has (minus its sequence), which the foreign key check
+/// and doctor then count as the broken reference it was.
+pub const EVENT_TASK_NO: &str = "COALESCE(t.task_no, -e.sequence)";
+
 /// Copies the peer's events in their original order (appending, so the
 /// table grows sequentially), extends each task's hash chain in memory, and
-/// then stores every chain's head on its task, in id order.
+/// then stores every chain's head on its task, in the table's order.
 fn rechain_events(tx: &Transaction<'_>) -> Result<()> {
-    let mut read = tx.prepare(
-        "SELECT sequence, task_id, event_kind, from_value, to_value, occurred_at, code
-         FROM tw_migrating_events ORDER BY sequence",
-    )?;
+    let mut read = tx.prepare(&format!(
+        "SELECT e.sequence, e.task_id, e.event_kind, e.from_value, e.to_value, e.occurred_at,
+                e.code, {EVENT_TASK_NO}
+         FROM tw_migrating_events e LEFT JOIN tasks t ON t.id = e.task_id ORDER BY e.sequence"
+    ))?;
     let mut insert = tx.prepare(
-        "INSERT INTO task_events (sequence, task_id, event_kind, from_value, to_value,
+        "INSERT INTO task_events (sequence, task_no, event_kind, from_value, to_value,
             occurred_at, code, event_hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
-    let mut heads: HashMap<String, events::Hash> = HashMap::new();
+    let mut heads: HashMap<i64, events::Hash> = HashMap::new();
     let mut rows = read.query([])?;
     while let Some(row) = rows.next()? {
         let event = events::Event {
@@ -489,14 +514,13 @@ fn rechain_events(tx: &Transaction<'_>) -> Result<()> {
             worker: None,
             grant: None,
         };
-        let head = heads
-            .entry(event.task_id.clone())
-            .or_insert(events::GENESIS);
+        let task_no: i64 = row.get(7)?;
+        let head = heads.entry(task_no).or_insert(events::GENESIS);
         *head = events::chain_hash(head, &event);
         let sequence: i64 = row.get(0)?;
         insert.execute(params![
             sequence,
-            event.task_id,
+            task_no,
             event.kind,
             event.from,
             event.to,
@@ -505,11 +529,11 @@ fn rechain_events(tx: &Transaction<'_>) -> Result<()> {
             &head[..]
         ])?;
     }
-    let mut heads: Vec<(String, events::Hash)> = heads.into_iter().collect();
-    heads.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let mut set_head = tx.prepare("UPDATE tasks SET event_head = ?2 WHERE id = ?1")?;
-    for (task, head) in heads {
-        set_head.execute(params![task, &head[..]])?;
+    let mut heads: Vec<(i64, events::Hash)> = heads.into_iter().collect();
+    heads.sort_unstable_by_key(|(task_no, _)| *task_no);
+    let mut set_head = tx.prepare("UPDATE tasks SET event_head = ?2 WHERE task_no = ?1")?;
+    for (task_no, head) in heads {
+        set_head.execute(params![task_no, &head[..]])?;
     }
     Ok(())
 }
@@ -616,6 +640,69 @@ pub mod test_support {
         let details = stmt.query_map(params_from_iter(unbound), |r| r.get::<_, String>(3))?;
         Ok(details.collect::<rusqlite::Result<Vec<_>>>()?.join("; "))
     }
+
+    /// What the current layout changed from the second: how an event names
+    /// its task.
+    const SECOND_LAYOUT_SPELLINGS: [(&str, &str); 3] = [
+        (
+            "    id TEXT PRIMARY KEY,\n",
+            "    task_no INTEGER PRIMARY KEY,\n    id TEXT UNIQUE,\n",
+        ),
+        (
+            "task_id TEXT NOT NULL REFERENCES tasks(id)",
+            "task_no INTEGER NOT NULL REFERENCES tasks(task_no)",
+        ),
+        ("ON task_events(task_id)", "ON task_events(task_no)"),
+    ];
+
+    /// The CHECKs as the first v3 layout spelled them, and as later.
+    const FIRST_LAYOUT_SPELLINGS: [(&str, &str); 4] = [
+        (
+            "status IN ('queued','running','blocked','escalated',
+                   'succeeded','failed','timed_out','cancelled')",
+            "status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated'
+        OR status = 'succeeded' OR status = 'failed' OR status = 'timed_out'
+        OR status = 'cancelled'",
+        ),
+        (
+            "delivery_status IN ('pending','delivered','failed','not_applicable')",
+            "delivery_status = 'pending' OR delivery_status = 'delivered'
+        OR delivery_status = 'failed' OR delivery_status = 'not_applicable'",
+        ),
+        (
+            "(status IN ('queued','running','blocked','escalated') AND ended_at IS NULL) OR
+        (status IN ('succeeded','failed','timed_out','cancelled') AND ended_at IS NOT NULL)",
+            "(ended_at IS NULL)
+        = (status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated')",
+        ),
+        (
+            "event_kind IN ('created','task_transition','delivery_transition','budget_granted')",
+            "event_kind = 'created' OR event_kind = 'task_transition'
+        OR event_kind = 'delivery_transition' OR event_kind = 'budget_granted'",
+        ),
+    ];
+
+    /// An empty file of an earlier layout (the second, or with
+    /// `first_layout` the first): its DDL and its metadata.
+    pub fn earlier_layout(first_layout: bool) -> crate::errors::Result<Connection> {
+        let respell = |ddl: String, (old, new): &(&str, &str)| {
+            assert!(ddl.contains(new));
+            ddl.replace(new, old)
+        };
+        let mut ddl = SECOND_LAYOUT_SPELLINGS
+            .iter()
+            .fold(super::DDL.to_owned(), respell);
+        if first_layout {
+            ddl = FIRST_LAYOUT_SPELLINGS.iter().fold(ddl, respell);
+        }
+        let conn = Connection::open_in_memory()?;
+        conn.execute_batch(&ddl)?;
+        conn.execute(
+            "INSERT INTO schema_meta VALUES ('schema_version', '3'), ('schema_fingerprint', ?1)",
+            [super::EARLIER_LAYOUT_FINGERPRINTS[usize::from(!first_layout)]],
+        )?;
+        Ok(conn)
+    }
 }
 
 #[cfg(test)]
@@ -653,50 +740,6 @@ mod tests {
         assert_eq!(s, r#""a\"b\\c\u00e9""#);
     }
 
-    /// The CHECKs as the first v3 layout spelled them, and as now.
-    const FIRST_LAYOUT_SPELLINGS: [(&str, &str); 4] = [
-        (
-            "status IN ('queued','running','blocked','escalated',
-                   'succeeded','failed','timed_out','cancelled')",
-            "status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated'
-        OR status = 'succeeded' OR status = 'failed' OR status = 'timed_out'
-        OR status = 'cancelled'",
-        ),
-        (
-            "delivery_status IN ('pending','delivered','failed','not_applicable')",
-            "delivery_status = 'pending' OR delivery_status = 'delivered'
-        OR delivery_status = 'failed' OR delivery_status = 'not_applicable'",
-        ),
-        (
-            "(status IN ('queued','running','blocked','escalated') AND ended_at IS NULL) OR
-        (status IN ('succeeded','failed','timed_out','cancelled') AND ended_at IS NOT NULL)",
-            "(ended_at IS NULL)
-        = (status = 'queued' OR status = 'running' OR status = 'blocked' OR status = 'escalated')",
-        ),
-        (
-            "event_kind IN ('created','task_transition','delivery_transition','budget_granted')",
-            "event_kind = 'created' OR event_kind = 'task_transition'
-        OR event_kind = 'delivery_transition' OR event_kind = 'budget_granted'",
-        ),
-    ];
-
-    /// A file as the first v3 layout wrote it: its DDL and its metadata.
-    fn first_layout() -> Result<Connection> {
-        let ddl = FIRST_LAYOUT_SPELLINGS
-            .iter()
-            .fold(DDL.to_owned(), |ddl, (old, new)| {
-                assert!(ddl.contains(new));
-                ddl.replace(new, old)
-            });
-        let conn = Connection::open_in_memory()?;
-        conn.execute_batch(&ddl)?;
-        conn.execute(
-            "INSERT INTO schema_meta VALUES ('schema_version', '3'), ('schema_fingerprint', ?1)",
-            [FIRST_LAYOUT_FINGERPRINT],
-        )?;
-        Ok(conn)
-    }
-
     /// How many temporary indexes one run of `sql` builds.
     fn temporary_indexes(conn: &Connection, sql: &str) -> Result<usize> {
         let mut stmt = conn.prepare(&format!("EXPLAIN {sql}"))?;
@@ -709,7 +752,7 @@ mod tests {
     }
 
     const CLAIM_UPDATE: &str = "UPDATE tasks SET status = ?1, owner = ?2 WHERE id = ?3";
-    const EVENT_INSERT: &str = "INSERT INTO task_events (task_id, event_kind, to_value, \
+    const EVENT_INSERT: &str = "INSERT INTO task_events (task_no, event_kind, to_value, \
                                 occurred_at, event_hash) VALUES (?1, ?2, ?3, ?4, ?5)";
 
     #[test]
@@ -718,24 +761,33 @@ mod tests {
         assert_eq!(temporary_indexes(&conn, CLAIM_UPDATE)?, 0);
         assert_eq!(temporary_indexes(&conn, EVENT_INSERT)?, 0);
         // What the first layout cost on every claim, for contrast.
-        let old = first_layout()?;
+        let old = test_support::earlier_layout(true)?;
         assert!(temporary_indexes(&old, CLAIM_UPDATE)? >= 2);
-        assert_eq!(temporary_indexes(&old, EVENT_INSERT)?, 1);
         Ok(())
     }
 
+    /// Both earlier layouts, rebuilt from today's DDL, have the
+    /// fingerprints their builds wrote, and are recognised as such; with
+    /// the metadata of another layout, a file is refused.
     #[test]
-    fn the_first_layout_is_recognised_and_upgraded_in_place() -> Result<()> {
-        let mut conn = first_layout()?;
-        assert_eq!(fingerprint(&conn)?, FIRST_LAYOUT_FINGERPRINT);
-        assert_eq!(inspect(&conn)?, Found::FirstLayout);
-        let tx = conn.transaction()?;
-        upgrade_first_layout(&tx)?;
-        tx.commit()?;
-        assert_eq!(inspect(&conn)?, Found::Current);
-        assert_eq!(temporary_indexes(&conn, CLAIM_UPDATE)?, 0);
-        let writable: i64 = conn.query_row("PRAGMA writable_schema", [], |r| r.get(0))?;
-        assert_eq!(writable, 0);
+    fn earlier_layouts_are_recognised() -> Result<()> {
+        for first_layout in [true, false] {
+            let conn = test_support::earlier_layout(first_layout)?;
+            let expected = EARLIER_LAYOUT_FINGERPRINTS[usize::from(!first_layout)];
+            assert_eq!(fingerprint(&conn)?, expected);
+            assert_eq!(inspect(&conn)?, Found::Earlier(Earlier::Layout));
+            conn.execute(
+                "UPDATE schema_meta SET value = ?1 WHERE key = 'schema_fingerprint'",
+                [current_fingerprint()?],
+            )?;
+            assert!(matches!(inspect(&conn), Err(Error::Conflict(_))));
+        }
+        let conn = fresh()?;
+        conn.execute(
+            "UPDATE schema_meta SET value = ?1 WHERE key = 'schema_fingerprint'",
+            [EARLIER_LAYOUT_FINGERPRINTS[1]],
+        )?;
+        assert!(matches!(inspect(&conn), Err(Error::Conflict(_))));
         Ok(())
     }
 }

@@ -18,8 +18,9 @@ use crate::errors::{Error, Result};
 use crate::events;
 use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
+use crate::layout_upgrade;
 use crate::reconcile;
-use crate::schema::{self, DamagedRows, Found};
+use crate::schema::{self, DamagedRows, Earlier, Found};
 use crate::sidecar_loss::{self, Loss};
 use crate::snapshot;
 use crate::turnstile::Turnstile;
@@ -153,9 +154,17 @@ fn met_a_writer_in_passing(err: &Error) -> bool {
         .contains(why))
 }
 
-/// A writable open told not to migrate met a task-state-guard file.
-const NOT_MIGRATED: Error =
-    Error::Conflict("the ledger is a task-state-guard file, and this open may not migrate it");
+/// A writable open told not to migrate met a file of an earlier schema.
+fn not_migrated(earlier: Earlier) -> Error {
+    Error::Conflict(match earlier {
+        Earlier::Peer(_) => {
+            "the ledger is a task-state-guard file, and this open may not migrate it"
+        }
+        Earlier::Layout => {
+            "the ledger is in an earlier taskwarden layout, and this open may not upgrade it"
+        }
+    })
+}
 
 /// A read-write connection to an existing, secured ledger file (never
 /// created by SQLite: `fsguard` made it). SQLite resolves the name again:
@@ -217,9 +226,9 @@ enum Backing {
         path: DbPath,
         identity: Identity,
         euid: u32,
-        /// The schema version of a peer file previewed through a migrated
-        /// private copy: what the file itself still is.
-        peer_version: Option<i64>,
+        /// The schema of a file of an earlier schema previewed through a
+        /// migrated private copy: what the file itself still is.
+        earlier: Option<Earlier>,
         /// Why the file's own migration would be refused, for a damaged
         /// peer file: only doctor reads it, as any other answer would be
         /// one that a writable open of the same file refuses to give.
@@ -495,7 +504,7 @@ impl Store {
             path,
             identity,
             euid: opts.euid,
-            peer_version: None,
+            earlier: None,
             legacy_refusal: None,
         };
         let timing = (opts.busy_timeout_ms, opts.durability);
@@ -523,18 +532,17 @@ impl Store {
     /// touched.
     fn prepare_read_only_schema(&mut self, max_bytes: u64) -> Result<()> {
         match self.read(|tx| schema::inspect(tx))? {
-            // The first layout's CHECKs mean the same; reads need no upgrade.
-            Found::Current | Found::FirstLayout => Ok(()),
+            Found::Current => Ok(()),
             Found::Empty => Err(Error::Conflict("read-only database is not initialized")),
-            Found::Peer(version) => {
+            Found::Earlier(found) => {
                 let racing_reads = self.read_race_timeout();
                 if let Backing::ReadOnly {
                     journal_mode,
-                    peer_version,
+                    earlier,
                     ..
                 } = &mut self.backing
                 {
-                    *peer_version = Some(version);
+                    *earlier = Some(found);
                     if *journal_mode == "wal" {
                         *journal_mode = "memory";
                         let copy = copy_in_one_snapshot(&mut self.conn, racing_reads, max_bytes)?;
@@ -658,16 +666,16 @@ impl Store {
         if matches!(found, Found::Empty) && !may.create {
             return Err(fsguard::NO_LEDGER_YET);
         }
-        if let Found::Peer(_) = found {
+        if let Found::Earlier(earlier) = found {
             if !may.migrate {
-                return Err(NOT_MIGRATED);
+                return Err(not_migrated(earlier));
             }
             self.migrate_and_compact()?;
         }
         self.ensure_wal()?;
         match found {
-            Found::Empty | Found::FirstLayout => self.settle_schema(),
-            Found::Peer(_) | Found::Current => Ok(()),
+            Found::Empty => self.settle_schema(),
+            Found::Earlier(_) | Found::Current => Ok(()),
         }
     }
 
@@ -690,15 +698,13 @@ impl Store {
         }
     }
 
-    /// Gives a new file its schema, or a first-layout file the current one,
-    /// judged again under the write lock: another process opening the same
-    /// file may have been first.
+    /// Gives a new file its schema, judged again under the write lock:
+    /// another process opening the same file may have been first.
     fn settle_schema(&mut self) -> Result<()> {
         self.write(|tx| match schema::inspect(tx)? {
             Found::Empty => schema::create(tx),
-            Found::FirstLayout => schema::upgrade_first_layout(tx),
             Found::Current => Ok(()),
-            Found::Peer(_) => Err(Error::Conflict("schema changed while opening")),
+            Found::Earlier(_) => Err(Error::Conflict("schema changed while opening")),
         })
     }
 
@@ -726,7 +732,10 @@ impl Store {
             .pragma_update(None, "cache_size", MIGRATION_CACHE_KIB)?;
         let outcome = self.transaction(TransactionBehavior::Immediate, Size::Large, |tx| {
             match schema::inspect(tx)? {
-                Found::Peer(_) => match gate {
+                // An earlier layout is taskwarden's own: its rows are
+                // carried as they are, for doctor to judge as before.
+                Found::Earlier(Earlier::Layout) => layout_upgrade::migrate(tx),
+                Found::Earlier(Earlier::Peer(_)) => match gate {
                     Gate::CarryDamaged => schema::migrate_peer(tx, DamagedRows::Carry),
                     Gate::DoctorClean => {
                         schema::migrate_peer(tx, DamagedRows::Refuse)?;
@@ -741,9 +750,7 @@ impl Store {
                     }
                 },
                 Found::Current => Ok(()),
-                Found::Empty | Found::FirstLayout => {
-                    Err(Error::Conflict("schema changed while opening"))
-                }
+                Found::Empty => Err(Error::Conflict("schema changed while opening")),
             }
         });
         self.conn.pragma_update(None, "foreign_keys", true)?;
@@ -1091,13 +1098,13 @@ impl Store {
             let report = self.check_snapshot(true)?;
             return Ok(match self.backing {
                 Backing::ReadOnly {
-                    peer_version: Some(v),
+                    earlier: Some(earlier),
                     legacy_refusal,
                     ..
                 } => {
-                    let report = report.with_schema_version(v);
-                    if legacy_refusal.is_some() {
-                        // Refused, yet perhaps sound by v3's rules.
+                    let report = report.with_schema_version(earlier.version());
+                    if legacy_refusal.is_some() && matches!(earlier, Earlier::Peer(_)) {
+                        // Refused, yet perhaps sound by taskwarden's rules.
                         report
                             .with_peer_code_problems(self.read_anyway(schema::peer_code_problems)?)
                     } else {

@@ -347,7 +347,7 @@ def test_a_schema_meta_without_its_columns_is_not_a_ledger(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("table", "column", "flip_at"),
     [
-        ("task_events", "task_id", 5),  # the event now names another (unknown) task
+        ("task_events", "to_value", 1),  # the event now tells another move
         ("task_events", "worker", -1),  # the event names another worker
         ("tasks", "id", 5),  # the task's id is no longer the one its events name
     ],
