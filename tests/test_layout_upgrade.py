@@ -284,3 +284,21 @@ def test_an_earlier_layout_reconciles_as_its_current_twin(tmp_path: Path) -> Non
     assert logical_dump(second) == logical_dump(current)
     numbers = "SELECT task_no, id FROM tasks"
     assert query(second, numbers) == query(current, numbers)
+
+
+def test_an_earlier_layout_with_metadata_of_its_own_is_refused(db_path: Path) -> None:
+    """An extra ``schema_meta`` row makes a current file unknown; so it does a
+    second-layout file, which is then refused, not rebuilt (the rebuild
+    would drop that row) and left byte for byte as it was."""
+    path = db_path
+    build_ledger(path, FrozenClock(1_800_000_000.0))
+    as_second_layout(path)
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("INSERT INTO schema_meta VALUES ('owner_note', 'keep me')")
+    before = path.read_bytes(), sorted(os.listdir(path.parent))
+    with pytest.raises(StateConflict, match="schema does not match"):
+        Ledger(path)
+    with pytest.raises(StateConflict, match="schema does not match"):
+        Ledger(path, read_only=True)
+    assert (path.read_bytes(), sorted(os.listdir(path.parent))) == before
+    assert query(path, "SELECT value FROM schema_meta WHERE key = 'owner_note'") == [("keep me",)]

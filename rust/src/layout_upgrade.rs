@@ -88,8 +88,9 @@ mod tests {
     use crate::schema::{inspect, test_support, Found};
 
     /// Every row crosses as it stands: a task keeps its rowid as its
-    /// number, an event names that number, an event whose task is missing
-    /// names none that exists, and a row its CHECKs refuse is kept.
+    /// number (a negative one, edited by hand, too), an event names that
+    /// number, an event whose task is missing names none that exists, and a
+    /// row its CHECKs refuse is kept.
     #[test]
     fn both_earlier_layouts_are_rebuilt_keeping_every_row() -> Result<()> {
         for first_layout in [true, false] {
@@ -99,7 +100,7 @@ mod tests {
             conn.execute_batch(
                 "INSERT INTO tasks (rowid, id, status, delivery_status, delivery_required,
                      created_at, updated_at, delivery_updated_at, event_head)
-                 VALUES (7, 'a', 'queued', 'pending', 1, 1.0, 1.0, 1.0, zeroblob(32)),
+                 VALUES (-3, 'a', 'queued', 'pending', 1, 1.0, 1.0, 1.0, zeroblob(32)),
                         (9, 'b', 'queued', 'pending', 1, 2.0, 2.0, 2.0, zeroblob(32));
                  INSERT INTO task_events (sequence, task_id, event_kind, to_value, occurred_at,
                      event_hash)
@@ -121,7 +122,7 @@ mod tests {
             assert_eq!(
                 tasks,
                 [
-                    (7, "a".into(), "queued".into()),
+                    (-3, "a".into(), "queued".into()),
                     (9, "b".into(), "paused".into())
                 ]
             );
@@ -129,7 +130,7 @@ mod tests {
                 .prepare("SELECT sequence, task_no FROM task_events ORDER BY sequence")?
                 .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<rusqlite::Result<_>>()?;
-            assert_eq!(events, [(1, 9), (2, 7), (3, -3)]);
+            assert_eq!(events, [(1, 9), (2, -3), (3, -4)]);
             let checks: i64 =
                 conn.query_row("PRAGMA ignore_check_constraints", [], |r| r.get(0))?;
             assert_eq!(checks, 0, "the CHECKs hold again after the copy");

@@ -484,9 +484,12 @@ pub fn rebuild(
 
 /// What an event of the old table is numbered with in the new one: its
 /// task's number, or, for an event whose task is missing (damage), a
-/// number no task has (minus its sequence), which the foreign key check
-/// and doctor then count as the broken reference it was.
-pub const EVENT_TASK_NO: &str = "COALESCE(t.task_no, -e.sequence)";
+/// number below every task's (below zero too, as no task is given one),
+/// which the foreign key check and doctor then count as the broken
+/// reference it was. Not one derived from the event alone: a task's rowid,
+/// edited by hand, may be any number.
+pub const EVENT_TASK_NO: &str =
+    "COALESCE(t.task_no, (SELECT min(coalesce(min(task_no), 0), 0) - 1 FROM tasks))";
 
 /// Copies the peer's events in their original order (appending, so the
 /// table grows sequentially), extends each task's hash chain in memory, and
