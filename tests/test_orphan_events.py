@@ -20,20 +20,7 @@ import pytest
 from taskwarden import Ledger
 
 from .conftest import FrozenClock, as_second_layout
-
-# The problem counters of a doctor report (all but the sizes).
-PROBLEMS = (
-    "orphan_count",
-    "parent_cycle_count",
-    "foreign_key_error_count",
-    "state_inconsistency_count",
-    "owner_inconsistency_count",
-    "budget_inconsistency_count",
-    "timestamp_inconsistency_count",
-    "event_inconsistency_count",
-    "event_chain_break_count",
-    "doctor_error_count",
-)
+from .test_doctor import PROBLEM_COUNTERS
 
 
 def build(path: Path) -> None:
@@ -54,7 +41,7 @@ def scalar(path: Path, sql: str, *args: Any) -> Any:
 
 
 def problems(report: dict[str, Any]) -> dict[str, int]:
-    return {k: report[k] for k in PROBLEMS if report[k]}
+    return {k: report[k] for k in PROBLEM_COUNTERS if report[k]}
 
 
 @pytest.fixture

@@ -381,21 +381,22 @@ mod tests {
             time_out(&tx, &policy, &cutoffs(1_000.0, &policy), tasks)?,
             20
         );
-        let dump: String = tx.query_row(
-            "SELECT group_concat(row, ';') FROM (
-                 SELECT printf('%d %s %s %s', task_no, status, terminal_code, hex(event_head)) AS row
-                 FROM tasks ORDER BY task_no)",
-            [],
-            |r| r.get(0),
+        let joined = |rows: &str| -> rusqlite::Result<String> {
+            tx.query_row(
+                &format!("SELECT group_concat(row, ';') FROM ({rows})"),
+                [],
+                |r| r.get(0),
+            )
+        };
+        let tasks = joined(
+            "SELECT printf('%d %s %s %s', task_no, status, terminal_code, hex(event_head)) AS row
+             FROM tasks ORDER BY task_no",
         )?;
-        let events: String = tx.query_row(
-            "SELECT group_concat(row, ';') FROM (
-                 SELECT printf('%d %d %s %s', sequence, task_no, code, hex(event_hash)) AS row
-                 FROM task_events ORDER BY sequence)",
-            [],
-            |r| r.get(0),
+        let events = joined(
+            "SELECT printf('%d %d %s %s', sequence, task_no, code, hex(event_hash)) AS row
+             FROM task_events ORDER BY sequence",
         )?;
-        Ok(format!("{dump}|{events}"))
+        Ok(format!("{tasks}|{events}"))
     }
 
     /// Few running tasks are read through their index, a large share of
