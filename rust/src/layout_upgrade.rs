@@ -13,6 +13,9 @@ use rusqlite::Transaction;
 
 use crate::errors::Result;
 use crate::schema::{self, EVENT_TASK_NO};
+// A task row's columns: every layout has them all (the current one adds
+// only its number).
+use crate::task::COLUMNS as TASK_COLUMNS;
 
 /// The earlier layouts' indexes (every layout names them alike); the new
 /// ones take their names.
@@ -24,13 +27,6 @@ const INDEXES: [&str; 6] = [
     "tasks_tenant_queue_idx",
     "task_events_task_idx",
 ];
-
-/// The columns a task row has in every layout.
-const TASK_COLUMNS: &str = "id, parent_id, status, delivery_status, delivery_required,
-    payload_hash, timeout_seconds, created_at, started_at, updated_at, ended_at, deadline_at,
-    delivery_updated_at, terminal_code, delivery_code, version, tenant, owner, park_code,
-    attempt_count, max_attempts, llm_calls_used, llm_calls_budget, tokens_used, token_budget,
-    cost_used_micros, cost_budget_micros, event_head";
 
 /// The columns an event row has in every layout (all but its task's).
 const EVENT_COLUMNS: [&str; 11] = [
