@@ -733,6 +733,41 @@ def test_a_damaged_row_does_not_block_the_pass(
     assert row == ("timed_out",)
 
 
+@pytest.mark.parametrize("stage", ["running", "awaiting_delivery"])
+def test_a_row_below_the_first_version_is_left_to_doctor(
+    db_path: Path, clock: FrozenClock, stage: str
+) -> None:
+    """A row whose version was set below zero by hand (its CHECK broken) is
+    neither counted nor written, by the dry run and the apply alike: the
+    apply would make it ``version + 1``, and -1 would become a valid 0 that
+    hides the damage from doctor."""
+    with Ledger(db_path, clock=clock) as ledger:
+        damaged, sound = (ledger.create_task(timeout_seconds=30.0) for _ in range(2))
+        for task in (damaged, sound):
+            ledger.claim(task.id, "w1")
+            if stage == "awaiting_delivery":
+                ledger.close_task(task.id, "succeeded", worker="w1")
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        conn.execute("UPDATE tasks SET version = -1 WHERE id = ?", (damaged.id,))
+    clock.advance(60.0)
+    grace = {"active_grace_seconds": 0.0, "delivery_grace_seconds": 0.0}
+    with Ledger(db_path, clock=clock) as ledger:
+        preview = ledger.reconcile(dry_run=True, **grace)
+        assert preview == ledger.reconcile(**grace) | {"dry_run": True, "applied": False}
+        changed = ("tasks_timed_out", "deliveries_failed")[stage == "awaiting_delivery"]
+        assert preview[changed] == 1
+        assert ledger.doctor()["healthy"] is False
+    with contextlib.closing(sqlite3.connect(db_path)) as conn:
+        rows = dict(
+            conn.execute("SELECT id, status || ' ' || delivery_status || ' ' || version FROM tasks")
+        )
+    before = ("running pending -1", "succeeded pending -1")[stage == "awaiting_delivery"]
+    after = ("timed_out failed", "succeeded failed")[stage == "awaiting_delivery"]
+    assert rows[damaged.id] == before
+    assert rows[sound.id].rsplit(" ", 1)[0] == after
+
+
 # ---------------------------------------------------------------------------
 # Dry run equals apply on a random ledger, checked against a model of the rules.
 
