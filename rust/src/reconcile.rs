@@ -384,33 +384,39 @@ fn last_sequence(tx: &Transaction<'_>) -> Result<i64> {
 /// journal when the statement calls no SQL function and its constraints
 /// fail with `OR FAIL` instead of aborting, so the `UPDATE` takes its
 /// chain heads from the events already written (see [`NEW_HEAD`]) and is
-/// compiled without the table's `CHECK`s: the one on `event_head` calls
-/// `length()`. The values it writes meet them by construction: fixed
-/// statuses and codes, `ended_at` set with a terminal status, a version
-/// taken from the predicates' range plus one, a head that is a stored
-/// event's 32-byte hash (a missing one fails `NOT NULL`). The setting is
-/// read when a statement is compiled, and changing it recompiles every
-/// statement of the connection at its next use.
+/// compiled without the table's `CHECK`s (see [`unchecked`]).
 fn update_rows(
     tx: &Transaction<'_>,
     sql: &str,
     params: &[(&str, &dyn rusqlite::ToSql)],
 ) -> Result<i64> {
-    tx.pragma_update(None, "ignore_check_constraints", true)?;
-    let changed = tx
-        .prepare(sql)
-        .and_then(|mut update| update.execute(params));
-    let restored = tx.pragma_update(None, "ignore_check_constraints", false);
-    let changed = changed?;
-    restored?;
+    let changed = unchecked(tx, |tx| Ok(tx.prepare(sql)?.execute(params)?))?;
     Ok(changed as i64)
+}
+
+/// Runs `op` with the table's `CHECK`s left out of every statement it
+/// compiles: the one on `event_head` calls `length()`, which alone would
+/// keep the statement journal. The values [`update_rows`] writes meet
+/// them by construction: fixed statuses and codes, `ended_at` set with a
+/// terminal status, a version taken from the predicates' range plus one, a
+/// head that is a stored event's 32-byte hash (a missing one fails
+/// `NOT NULL`). SQLite reads the setting when it compiles a statement, and
+/// changing it recompiles every statement of the connection at its next
+/// use; it is restored whatever `op` returns.
+fn unchecked<T>(tx: &Transaction<'_>, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
+    tx.pragma_update(None, "ignore_check_constraints", true)?;
+    let out = op(tx);
+    let restored = tx.pragma_update(None, "ignore_check_constraints", false);
+    let out = out?;
+    restored?;
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::{
         cutoffs, expiry_update, register_sql_function, running_tasks, time_out, timeout_update,
-        Policy, EXPIRED, TIMED_OUT,
+        unchecked, Policy, EXPIRED, TIMED_OUT,
     };
     use crate::schema::test_support::plan;
     use rusqlite::Connection;
@@ -551,25 +557,24 @@ mod tests {
 
     /// Compiled as `update_rows` compiles them, the pass's `UPDATE`s meet
     /// SQLite's terms for keeping no statement journal; with the table's
-    /// `CHECK`s they would not (the one on `event_head` calls `length()`).
+    /// `CHECK`s they would not (the one on `event_head` calls `length()`),
+    /// and the connection has its `CHECK`s back afterwards.
     #[test]
     fn the_row_updates_keep_no_statement_journal() -> crate::errors::Result<()> {
-        let conn = ledger(0)?;
+        let mut conn = ledger(0)?;
+        let tx = conn.transaction()?;
         let updates = [
             timeout_update("tasks"),
             timeout_update("tasks NOT INDEXED"),
             expiry_update("failed", "delivery_grace_expired"),
         ];
         for update in &updates {
-            assert!(!journal_reasons(&conn, update)?.is_empty(), "{update}");
-        }
-        conn.pragma_update(None, "ignore_check_constraints", true)?;
-        for update in &updates {
-            assert_eq!(
-                journal_reasons(&conn, update)?,
-                Vec::<String>::new(),
-                "{update}"
-            );
+            assert!(!journal_reasons(&tx, update)?.is_empty(), "{update}");
+            let reasons = unchecked(&tx, |tx| journal_reasons(tx, update))?;
+            assert_eq!(reasons, Vec::<String>::new(), "{update}");
+            let ignoring: bool =
+                tx.query_row("PRAGMA ignore_check_constraints", [], |r| r.get(0))?;
+            assert!(!ignoring);
         }
         Ok(())
     }
