@@ -126,17 +126,12 @@ impl Report {
 /// scan judges those, see `checks`): true only for a single `ok`.
 #[must_use]
 pub fn quick_check(conn: &rusqlite::Connection) -> bool {
-    if conn
-        .pragma_update(None, "ignore_check_constraints", true)
-        .is_err()
-    {
-        return false;
-    }
-    let rows: rusqlite::Result<Vec<String>> = conn
-        .prepare("PRAGMA quick_check")
-        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect());
-    let restored = conn.pragma_update(None, "ignore_check_constraints", false);
-    restored.is_ok() && matches!(rows.as_deref(), Ok([ok]) if ok == "ok")
+    let rows = checks::without_checks(conn, || {
+        let mut check = conn.prepare("PRAGMA quick_check")?;
+        let rows = check.query_map([], |r| r.get::<_, String>(0))?;
+        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    });
+    matches!(rows.as_deref(), Ok([ok]) if ok == "ok")
 }
 
 /// The logical checks, in the caller's read transaction. The caller adds

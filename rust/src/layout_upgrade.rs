@@ -11,6 +11,7 @@
 
 use rusqlite::Transaction;
 
+use crate::checks;
 use crate::errors::Result;
 use crate::schema::{self, EVENT_TASK_NO};
 // A task row's columns: every layout has them all (the current one adds
@@ -49,10 +50,7 @@ const EVENT_COLUMNS: [&str; 11] = [
 pub fn migrate(tx: &Transaction<'_>) -> Result<()> {
     // The rows are copied as they are, so a row that breaks a CHECK is
     // carried for doctor to count, not refused.
-    tx.pragma_update(None, "ignore_check_constraints", true)?;
-    let moved = schema::rebuild(tx, &INDEXES, copy_rows);
-    tx.pragma_update(None, "ignore_check_constraints", false)?;
-    moved
+    checks::without_checks(tx, || schema::rebuild(tx, &INDEXES, copy_rows))
 }
 
 fn copy_rows(tx: &Transaction<'_>) -> Result<()> {

@@ -10,6 +10,7 @@
 use rusqlite::types::ValueRef;
 use rusqlite::{named_params, Connection, Transaction};
 
+use crate::checks;
 use crate::errors::{Error, Result};
 use crate::tasks::Clock;
 
@@ -385,40 +386,27 @@ fn last_sequence(tx: &Transaction<'_>) -> Result<i64> {
 /// journal when the statement calls no SQL function and its constraints
 /// fail with `OR FAIL` instead of aborting, so the `UPDATE` takes its
 /// chain heads from the events already written (see [`NEW_HEAD`]) and is
-/// compiled without the table's `CHECK`s (see [`unchecked`]).
+/// compiled without the table's `CHECK`s: the one on `event_head` calls
+/// `length()`. The values it writes meet them by construction: fixed
+/// statuses and codes, `ended_at` set with a terminal status, a version
+/// taken from the predicates' range plus one, a head that is a stored
+/// event's 32-byte hash (a missing one fails `NOT NULL`).
 fn update_rows(
     tx: &Transaction<'_>,
     sql: &str,
     params: &[(&str, &dyn rusqlite::ToSql)],
 ) -> Result<i64> {
-    let changed = unchecked(tx, |tx| Ok(tx.prepare(sql)?.execute(params)?))?;
+    let changed = checks::without_checks(tx, || Ok(tx.prepare(sql)?.execute(params)?))?;
     Ok(changed as i64)
-}
-
-/// Runs `op` with the table's `CHECK`s left out of every statement it
-/// compiles: the one on `event_head` calls `length()`, which alone would
-/// keep the statement journal. The values [`update_rows`] writes meet
-/// them by construction: fixed statuses and codes, `ended_at` set with a
-/// terminal status, a version taken from the predicates' range plus one, a
-/// head that is a stored event's 32-byte hash (a missing one fails
-/// `NOT NULL`). SQLite reads the setting when it compiles a statement, and
-/// changing it recompiles every statement of the connection at its next
-/// use; it is restored whatever `op` returns.
-fn unchecked<T>(tx: &Transaction<'_>, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
-    tx.pragma_update(None, "ignore_check_constraints", true)?;
-    let out = op(tx);
-    let restored = tx.pragma_update(None, "ignore_check_constraints", false);
-    let out = out?;
-    restored?;
-    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::{
         cutoffs, expiry_update, register_sql_function, running_tasks, time_out, timeout_update,
-        unchecked, Policy, EXPIRED, TIMED_OUT,
+        Policy, EXPIRED, TIMED_OUT,
     };
+    use crate::checks::without_checks;
     use crate::schema::test_support::plan;
     use rusqlite::Connection;
 
@@ -571,7 +559,7 @@ mod tests {
         ];
         for update in &updates {
             assert!(!journal_reasons(&tx, update)?.is_empty(), "{update}");
-            let reasons = unchecked(&tx, |tx| journal_reasons(tx, update))?;
+            let reasons = without_checks(&tx, || journal_reasons(&tx, update))?;
             assert_eq!(reasons, Vec::<String>::new(), "{update}");
             let ignoring: bool =
                 tx.query_row("PRAGMA ignore_check_constraints", [], |r| r.get(0))?;

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use rusqlite::{params, Connection, Transaction};
 use sha2::{Digest, Sha256};
 
+use crate::checks;
 use crate::errors::{Error, Result};
 use crate::events;
 use crate::fsm::{self, DeliveryStatus, TaskStatus};
@@ -403,10 +404,7 @@ pub enum DamagedRows {
 /// that inside a transaction) and checks them again before commit.
 pub fn migrate_peer(tx: &Transaction<'_>, damaged: DamagedRows) -> Result<()> {
     if damaged == DamagedRows::Carry {
-        tx.pragma_update(None, "ignore_check_constraints", true)?;
-        let moved = move_peer_rows(tx);
-        tx.pragma_update(None, "ignore_check_constraints", false)?;
-        return moved;
+        return checks::without_checks(tx, || move_peer_rows(tx));
     }
     check_legacy_codes(tx)?;
     move_peer_rows(tx)?;
