@@ -38,25 +38,35 @@ const CACHE_KIB: i64 = -4_096;
 /// not touched again: at a million tasks, 1 GiB made it no faster and
 /// more than doubled its peak (497 to 1,152 MiB).
 const MIGRATION_CACHE_KIB: i64 = -262_144;
-/// Page cache while reconcile rewrites rows all over the file: large
-/// enough that no page it changes is spilled to the WAL before the commit
-/// and then read back from it. A million-task apply changes about 500 MiB
-/// of pages; with a 256 MiB cache it spilled and took 5.6-6.6 s, with this
-/// one 5.2-5.3 s (five interleaved pairs; peak 311 to 540 MiB). A cache
-/// limit, not an allocation: a small file's apply takes only the pages it
+/// Page cache while reconcile rewrites rows all over a small file (see
+/// [`IN_MEMORY_BULK_MAX_FILE_BYTES`]): large enough that no page it
+/// changes is spilled to the WAL before the commit and then written again.
+/// A cache limit, not an allocation: the apply takes only the pages it
 /// touches.
 const REWRITE_CACHE_KIB: i64 = -1_048_576;
 
-/// Up to this file size, a bulk rewrite keeps its statement journals in
-/// memory. Each of its multi-row statements that calls an SQL function
-/// first copies every page it changes to one (SQLite must be able to undo
-/// a statement whose function fails halfway; reconcile's row updates are
-/// written to need none). At 100,000 tasks (a 59 MB file) that was 54 MB
-/// in 27,492 writes to a temporary file; in memory the apply spent about
-/// 40 ms less in the kernel (5% of its time) for 15 MiB more at its peak.
-/// At a million tasks (740 MB) memory gained nothing and doubled the peak
-/// (311 to 645 MiB), so large files keep the temporary file.
-const MEMORY_JOURNAL_MAX_FILE_BYTES: u64 = 128 * 1024 * 1024;
+/// Up to this file size, a bulk rewrite keeps its work in memory: its
+/// changed pages (see [`REWRITE_CACHE_KIB`]) and its statement journals.
+/// Each of its multi-row statements that calls an SQL function first
+/// copies every page it changes to such a journal (SQLite must be able to
+/// undo a statement whose function fails halfway; reconcile's row updates
+/// are written to need none). At 100,000 tasks (a 59 MB file) that was
+/// 54 MB in 27,492 writes to a temporary file; in memory the apply spent
+/// about 40 ms less in the kernel (5% of its time) for 15 MiB more at its
+/// peak, and with the everyday cache it wrote spilled pages twice and took
+/// about 10% longer. Past this size memory costs more than it saves: every
+/// page a process takes fresh from the kernel is zeroed first, and at a
+/// million tasks (a 450 MB file, 600,000 rows changed) the large cache
+/// grew the apply's peak from 24 to 344 MiB and made it 10-20% slower,
+/// spills and all (3.2-3.4 s against 3.7-4.5 s, interleaved runs); an
+/// in-memory journal doubled the peak and gained nothing.
+const IN_MEMORY_BULK_MAX_FILE_BYTES: u64 = 128 * 1024 * 1024;
+
+/// Whether a bulk rewrite of a file `file_len` long (unknown: an in-memory
+/// ledger, or metadata that could not be read) keeps its work in memory.
+fn bulk_in_memory(file_len: Option<u64>) -> bool {
+    file_len.is_some_and(|len| len <= IN_MEMORY_BULK_MAX_FILE_BYTES)
+}
 
 /// Page size of new files (no effect on existing ones). Every commit
 /// writes each page it touches to the WAL whole, so smaller pages make
@@ -1020,11 +1030,10 @@ impl Store {
             .map_err(|e| self.interruption.explain(e))
     }
 
-    /// Like [`Store::write`], for one large rewrite (reconcile): the page
-    /// cache is raised for the transaction so dirty pages are not spilled
-    /// to the WAL before the commit writes them anyway, statement journals
-    /// stay in memory for a file of up to [`MEMORY_JOURNAL_MAX_FILE_BYTES`],
-    /// and the WAL is synced while the commit writes it. It takes no turn:
+    /// Like [`Store::write`], for one large rewrite (reconcile): for a file
+    /// of up to [`IN_MEMORY_BULK_MAX_FILE_BYTES`] the page cache is raised
+    /// for the transaction and statement journals stay in memory, and the
+    /// WAL is synced while the commit writes it. It takes no turn:
     /// turns pay off for short writes that change hands often, and a
     /// rewrite that holds the lock for seconds gains nothing from a queue;
     /// writers meeting it wait in the busy handler, as for any holder.
@@ -1048,15 +1057,14 @@ impl Store {
     /// SQLite reads `temp_store` when a transaction begins and ignores
     /// `foreign_keys` inside one.
     fn enter_bulk_settings(&self) -> Result<()> {
-        self.conn
-            .pragma_update(None, "cache_size", REWRITE_CACHE_KIB)?;
-        let journal_in_memory = self.file_lease.as_ref().is_some_and(|lease| {
-            lease
-                .file()
-                .metadata()
-                .is_ok_and(|m| m.len() <= MEMORY_JOURNAL_MAX_FILE_BYTES)
-        });
-        if journal_in_memory {
+        let file_len = self
+            .file_lease
+            .as_ref()
+            .and_then(|lease| lease.file().metadata().ok())
+            .map(|m| m.len());
+        if bulk_in_memory(file_len) {
+            self.conn
+                .pragma_update(None, "cache_size", REWRITE_CACHE_KIB)?;
             self.conn.pragma_update(None, "temp_store", "MEMORY")?;
         }
         self.conn.pragma_update(None, "foreign_keys", false)?;
@@ -1349,7 +1357,10 @@ fn uri_escape(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Durability, FileChanges, OpenOptions, Store, CACHE_KIB, REWRITE_CACHE_KIB};
+    use super::{
+        bulk_in_memory, Durability, FileChanges, OpenOptions, Store, CACHE_KIB,
+        IN_MEMORY_BULK_MAX_FILE_BYTES, REWRITE_CACHE_KIB,
+    };
     use crate::errors::{Error, Result};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
@@ -1360,6 +1371,17 @@ mod tests {
         let cache_size = conn.query_row("PRAGMA cache_size", [], |r| r.get(0))?;
         let foreign_keys = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0))?;
         Ok((temp_store, cache_size, foreign_keys))
+    }
+
+    /// A bulk rewrite works in memory up to the bound, inclusive, and past
+    /// it with the everyday cache and a temporary file; a ledger whose file
+    /// is unknown (in memory) raises nothing either.
+    #[test]
+    fn only_a_small_files_bulk_rewrite_works_in_memory() {
+        assert!(bulk_in_memory(Some(0)));
+        assert!(bulk_in_memory(Some(IN_MEMORY_BULK_MAX_FILE_BYTES)));
+        assert!(!bulk_in_memory(Some(IN_MEMORY_BULK_MAX_FILE_BYTES + 1)));
+        assert!(!bulk_in_memory(None));
     }
 
     /// A small file's bulk write journals in memory (the setting is read
