@@ -318,6 +318,36 @@ def test_lifecycle_continues_on_migrated_and_new_tasks(
         assert ledger.get_task(fresh.id) == fresh
 
 
+def _switch_to_rollback_journal(path: Path) -> None:
+    """What another tool (or an operator's `PRAGMA journal_mode=DELETE`)
+    leaves behind: the file's header says rollback journal, no sidecars."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
+    assert path.read_bytes()[18:20] == bytes([1, 1])
+
+
+@pytest.mark.parametrize("origin", ["peer_v1", "peer_v2", "taskwarden"])
+def test_a_file_in_rollback_journal_mode_opens_in_wal_mode(
+    db_path: Path, clock: FrozenClock, origin: str
+) -> None:
+    """The peer switches such a file back to WAL and goes on; so does a
+    writable open here, migrating a peer file on the way. The first open
+    works, and its close leaves no sidecars."""
+    if origin == "taskwarden":
+        with Ledger(db_path, clock=clock) as ledger:
+            task_id = ledger.create_task().id
+    else:
+        task_id = build_peer_file(db_path, clock, int(origin[-1])).ids["queued"]
+    _switch_to_rollback_journal(db_path)
+    with Ledger(db_path, clock=clock) as ledger:
+        assert ledger.storage_info()["journal_mode"] == "wal"
+        assert ledger.claim(task_id, "w1").status.value == "running"
+        assert ledger.doctor()["healthy"]
+    assert db_path.read_bytes()[18:20] == bytes([2, 2])
+    assert sorted(os.listdir(db_path.parent)) == [db_path.name]
+    assert schema_meta(db_path)["schema_version"] == "3"
+
+
 def test_second_open_changes_nothing(peer_file: PeerFile, clock: FrozenClock) -> None:
     with Ledger(peer_file.path, clock=clock):
         pass

@@ -686,9 +686,13 @@ impl Store {
             if !may.migrate {
                 return Err(not_migrated(earlier));
             }
+        }
+        // WAL first, so a file left in rollback-journal mode migrates as
+        // any other does (inside the WAL).
+        self.ensure_wal()?;
+        if matches!(found, Found::Earlier(_)) {
             self.migrate_and_compact()?;
         }
-        self.ensure_wal()?;
         match found {
             Found::Empty => self.settle_schema(),
             Found::Earlier(_) | Found::Current => Ok(()),
@@ -707,11 +711,13 @@ impl Store {
         let mode: String = self
             .conn
             .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-        if mode.eq_ignore_ascii_case("wal") {
-            Ok(())
-        } else {
-            Err(Error::Conflict("database configuration failed"))
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Conflict("database configuration failed"));
         }
+        // The switch leaves the `-wal` file to the next transaction, and
+        // the open holds that file from here on (a file left in rollback
+        // mode by another tool had none yet): one read creates it.
+        self.read(|tx| Ok(tx.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))?))
     }
 
     /// Gives a new file its schema, judged again under the write lock:
