@@ -618,21 +618,57 @@ def test_of_two_demos_given_one_path_one_gets_it(
     assert [p.name for p in tmp_path.iterdir()] == ["demo.db"]
 
 
-@pytest.mark.parametrize("name", ["d" * 240, "kept/", "kept/."], ids=["long", "slash", "slash-dot"])
-def test_the_demo_takes_any_name_a_ledger_takes_and_refuses_a_directory_s(
-    tmp_path: Path, name: str
-) -> None:
+def test_the_demo_takes_any_name_a_ledger_takes(tmp_path: Path) -> None:
     """Its temporary name is short and fixed, so a long final name works as
-    for any ledger (a longer temporary name once made it exit 3); a path
-    ending in / or /. names a directory and is refused, as everywhere."""
+    for any ledger (a longer temporary name once made it exit 3)."""
     os.chmod(tmp_path, 0o700)
+    name = "d" * 240
     code, out, _ = run_cli("demo", "--keep-db", f"{tmp_path}/{name}")
-    if name.startswith("kept"):
-        assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
-        assert list(tmp_path.iterdir()) == []
-    else:
-        assert code == 0 and out["ok"] is True
-        assert [p.name for p in tmp_path.iterdir()] == [name]
+    assert code == 0 and out["ok"] is True
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
+# A path an open refuses for itself alone: the demo refuses it too (exit 2,
+# never 3), before it makes any file or folder.
+REFUSED_DEMO_PATHS = {
+    "slash": "{dir}/kept/",
+    "slash-dot": "{dir}/kept/.",
+    # `new/..` once made the folder `new`, then refused the path.
+    "dot-dot": "{dir}/new/..",
+    "empty": "",
+    "name-too-long": "{dir}/" + "n" * 300,
+    # An undecodable byte, as Python hands it over from the command line.
+    "not-text": "{dir}/\udcff.db",
+}
+
+
+@pytest.mark.parametrize("path", REFUSED_DEMO_PATHS.values(), ids=REFUSED_DEMO_PATHS.keys())
+def test_the_demo_refuses_a_path_any_open_refuses_and_makes_nothing(
+    tmp_path: Path, path: str
+) -> None:
+    os.chmod(tmp_path, 0o700)
+    code, out, _ = run_cli("demo", "--keep-db", path.format(dir=tmp_path))
+    assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_demo_names_the_file_an_open_of_its_path_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`link/../z.db` is `z.db` beside the link for an open (as for the
+    peer). The demo built there, then linked by the kernel's reading of the
+    path (in the link target's parent), failed with exit 3 and left its
+    half-named ledger behind."""
+    os.chmod(tmp_path, 0o700)
+    (tmp_path / "real" / "inner").mkdir(parents=True, mode=0o700)
+    (tmp_path / "lnk").symlink_to(tmp_path / "real" / "inner")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli("demo", "--keep-db", "lnk/../z.db")
+    assert code == 0 and out["ok"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lnk", "real", "z.db"]
+    assert list((tmp_path / "real").iterdir()) == [tmp_path / "real" / "inner"]
+    with Ledger(tmp_path / "z.db", read_only=True) as ledger:
+        assert ledger.doctor()["healthy"]
 
 
 def test_demo_refuses_a_bad_global_option_and_writes_nothing(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ __all__ = [
     "can_transition",
     "non_negative_seconds",
     "payload_fingerprint",
+    "resolve_path",
 ]
 
 __version__: str
@@ -41,6 +42,10 @@ def can_transition(from_status: str, to_status: str) -> bool:
 def non_negative_seconds(value: object, name: str) -> float:
     """A finite number of seconds >= 0 (anything ``float()`` takes but a bool);
     a refusal names ``name`` if it is one of ``ReconcilePolicy``'s fields."""
+
+def resolve_path(path: str) -> Path:
+    """The file an open of ``path`` would use; refuses (``InvalidInput``)
+    what an open refuses for the path alone, and touches nothing."""
 
 @final
 class LedgerCore:

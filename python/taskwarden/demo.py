@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from . import _core
 from .errors import InvalidInput, StateConflict
 from .ledger import Ledger
 
@@ -89,14 +90,15 @@ def run_demo(
         "busy_timeout_ms": busy_timeout_ms,
         "allow_external_acl": allow_external_acl,
     }
-    if db is not None and any(os.path.lexists(f"{db}{s}") for s in ("", "-wal", "-journal")):
-        raise InvalidInput(_EXISTS)
     if db is None:
         with tempfile.TemporaryDirectory(prefix="taskwarden-demo-") as tmp:
             return _run(Path(tmp) / "private" / "demo.db", options)
-    if os.fspath(db).endswith(("/", "/.")):  # Path() would drop it: a directory's name
-        raise InvalidInput("database path is invalid")
-    final = Path(db)
+    # The name as an open resolves it (refused as an open refuses it,
+    # before anything is made): the temporary name goes in the very
+    # directory the link is made in, whatever links and `..` the path has.
+    final = _core.resolve_path(_text_path(db))
+    if any(os.path.lexists(f"{final}{s}") for s in ("", "-wal", "-journal")):
+        raise InvalidInput(_EXISTS)
     # Short and of fixed length, so any name the ledger takes fits it too.
     building = final.with_name(f".tw-demo-{uuid.uuid4().hex[:16]}")
     try:
@@ -110,6 +112,16 @@ def run_demo(
 
 
 _EXISTS = "the demo builds a new ledger; that path already exists"
+
+
+def _text_path(db: str | Path) -> str:
+    try:
+        raw = os.fspath(db)
+    except TypeError:
+        raise InvalidInput("database path must be path-like") from None
+    if not isinstance(raw, str):
+        raise InvalidInput("database path must be a nonempty text path")
+    return raw
 
 
 def _run(path: Path, options: dict[str, Any]) -> dict[str, Any]:

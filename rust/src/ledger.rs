@@ -16,6 +16,7 @@ use crate::call_queue::{CallQueue, Turn};
 use crate::convert;
 use crate::errors::{Error, Result};
 use crate::fork_guard;
+use crate::fsguard;
 use crate::fsm::TaskStatus;
 use crate::reconcile::{self, Policy};
 use crate::retention;
@@ -786,6 +787,17 @@ pub fn hold_registries_for_fork() {
 #[pyfunction]
 pub fn free_registries_after_fork() {
     fork_guard::free_registries();
+}
+
+/// The file a ledger opened at `path` would be: absolute, its existing
+/// directories' links followed, its name as written. Refuses what an open
+/// refuses for the path alone, and touches nothing (for `demo`, which
+/// builds its ledger under another name beside this one).
+#[pyfunction]
+pub fn resolve_path(path: &Bound<'_, PyAny>) -> PyResult<std::path::PathBuf> {
+    let raw = convert::opt_text(Some(path), "database path is invalid")?
+        .ok_or(Error::Invalid("database path is invalid"))?;
+    Ok(fsguard::resolve(&raw)?.file)
 }
 
 /// SHA-256 of a payload (`str` as UTF-8, or `bytes`), lowercase hex.

@@ -52,7 +52,7 @@ mod _core {
     #[pymodule_export]
     use crate::ledger::LedgerCore;
     #[pymodule_export]
-    use crate::ledger::{can_transition, non_negative_seconds, payload_fingerprint};
+    use crate::ledger::{can_transition, non_negative_seconds, payload_fingerprint, resolve_path};
     use crate::ledger::{free_registries_after_fork, hold_registries_for_fork};
 
     /// `{status: (codes...)}` for the statuses that take any code.
