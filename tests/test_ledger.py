@@ -14,6 +14,7 @@ import typing
 import uuid
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -303,6 +304,46 @@ def test_a_patched_time_time_given_as_the_clock_is_called(
     with Ledger(db_path, clock=time.time) as ledger:
         assert ledger.create_task().created_at == 1_000_000.0
     assert Ledger.in_memory(clock=time.time).create_task().created_at == 1_000_000.0
+
+
+@pytest.mark.parametrize("imported", [False, True], ids=["plain", "time_machine"])
+def test_the_system_clock_is_called_as_python_s_where_time_travel_is_loaded(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, imported: bool
+) -> None:
+    """time-machine moves time by patching `time.time` in place, so the
+    function is still the one the ledger knows; a core reading the system
+    clock itself ignored every travel. In a process that imported it, the
+    core calls `time.time` as the peer does; elsewhere it reads the clock
+    itself (no Python call per write)."""
+    import sys
+    import time
+    import types
+
+    import taskwarden.ledger
+
+    if imported:
+        monkeypatch.setitem(sys.modules, "time_machine", types.ModuleType("time_machine"))
+    else:
+        monkeypatch.delitem(sys.modules, "time_machine", raising=False)
+    given: list[object] = []
+    real = taskwarden.ledger._core.LedgerCore
+
+    class Recording:
+        def __new__(cls, path: str, **options: Any) -> Any:
+            given.append(options["clock"])
+            return real(path, **options)
+
+        @staticmethod
+        def in_memory(**options: Any) -> Any:
+            given.append(options["clock"])
+            return real.in_memory(**options)
+
+    monkeypatch.setattr(taskwarden.ledger._core, "LedgerCore", Recording)
+    with Ledger(db_path) as ledger:
+        before = time.time()
+        assert before - 5 < ledger.create_task().created_at <= time.time()
+    Ledger.in_memory().close()
+    assert given == [time.time if imported else None] * 2
 
 
 @pytest.mark.parametrize(

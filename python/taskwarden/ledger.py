@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -92,6 +93,24 @@ class _InheritedCore:
 # a tuple: freezegun replaces every module attribute that holds the real
 # `time.time`, and would swap this one for its fake too.
 _SYSTEM_CLOCKS = (time.time,)
+
+# time-machine moves time without replacing `time.time`: it patches the
+# function in place, so the identity test above cannot see it, and a core
+# reading the system clock itself would ignore every travel (the peer,
+# calling `time.time`, follows them). In a process that has imported it,
+# the clock is called as Python's; other processes keep the fast read.
+_TIME_TRAVEL_MODULES = ("time_machine",)
+
+
+def _core_clock(clock: Clock) -> Clock | None:
+    """What the core is given: None for the system clock it reads itself,
+    otherwise the callable, called for every reading."""
+    if clock is not _SYSTEM_CLOCKS[0]:
+        return clock
+    if any(name in sys.modules for name in _TIME_TRAVEL_MODULES):
+        return clock
+    return None
+
 
 # The file ledgers of this process that may be open, for the fork hook.
 _OPEN_FILE_LEDGERS: weakref.WeakSet[Ledger] = weakref.WeakSet()
@@ -189,7 +208,7 @@ class Ledger:
             "read_only": read_only,
             "allow_external_acl": allow_external_acl,
             "snapshot_max_bytes": snapshot_max_bytes,
-            "clock": None if clock is _SYSTEM_CLOCKS[0] else clock,
+            "clock": _core_clock(clock),
             "euid": _geteuid(),
             "migrate": migrate,
             "create": create,
@@ -210,7 +229,7 @@ class Ledger:
             raise InvalidInput("clock must be callable")
         ledger = cls.__new__(cls)
         ledger._core = _core.LedgerCore.in_memory(
-            busy_timeout_ms=busy_timeout_ms, clock=None if clock is _SYSTEM_CLOCKS[0] else clock
+            busy_timeout_ms=busy_timeout_ms, clock=_core_clock(clock)
         )
         ledger.path = None
         ledger._reopen_args = None
