@@ -1465,6 +1465,10 @@ REFUSALS: dict[str, Any] = {
         setattr(clock, "glitch", START - 3600),
         lg.heartbeat(ids["running"]),
     ),
+    "a deadline past every float": lambda lg, ids, clock: (
+        setattr(clock, "now", 1.7e308),
+        lg.start_task(lg.create_task(timeout_seconds=1.7e308).id),
+    ),
     "another immutable field": lambda lg, ids, clock: lg.create_task(
         task_id=ids["queued"], timeout_seconds=5
     ),

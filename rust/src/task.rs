@@ -302,7 +302,9 @@ impl TaskRow {
                 next.started_at = Some(now);
                 next.deadline_at = match self.timeout_seconds {
                     Some(t) if (now + t).is_finite() => Some(now + t),
-                    Some(_) => return Err(Error::Invalid("deadline is not a finite timestamp")),
+                    Some(_) => {
+                        return Err(Error::Invalid("timeout produces a non-finite deadline"))
+                    }
                     None => None,
                 };
                 next.attempt_count = self.attempt_count.checked_add(1).ok_or(BAD_ROW)?;
