@@ -768,9 +768,42 @@ def test_malformed_value_in_one_row_does_not_stop_the_scan(copy: Path) -> None:
     assert report["healthy"] is False
     assert report["state_inconsistency_count"] >= 1
     assert report["task_count"] == len(NAMES), report
-    # The odd row itself may go uncounted by status; every other row is counted.
-    assert sum(report["task_status_counts"].values()) >= len(NAMES) - 1
+    # The odd row too is counted under the statuses it stores.
+    assert sum(report["task_status_counts"].values()) == len(NAMES)
+    assert sum(report["delivery_status_counts"].values()) == len(NAMES)
     assert report["event_count"] == 35
+
+
+# Damage that leaves a row unreadable as a whole but its statuses sound.
+UNREADABLE_ROWS = {
+    "delivery_required_2": "UPDATE tasks SET delivery_required = 2 WHERE id = ?",
+    "created_at_text": "UPDATE tasks SET created_at = 'abc' WHERE id = ?",
+    "unknown_status": "UPDATE tasks SET status = 'bogus' WHERE id = ?",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(UNREADABLE_ROWS))
+def test_status_counts_of_a_damaged_peer_file_are_the_peer_s(tmp_path: Path, damage: str) -> None:
+    """The peer counts statuses by their columns alone; a row the scan
+    could not read whole once went missing from both counts here (their
+    sums short of task_count), whatever statuses it stored."""
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "peer.db"
+    peer = tsg.Ledger(path)
+    queued = peer.create_task().id
+    peer.start_task(peer.create_task().id)
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA ignore_check_constraints = ON")
+        conn.execute(UNREADABLE_ROWS[damage], (queued,))
+        conn.commit()
+    theirs = tsg.Ledger(path, read_only=True).doctor()
+    with Ledger(path, read_only=True) as ledger:
+        ours = ledger.doctor()
+    assert ours["healthy"] is theirs["healthy"] is False
+    for counts in ("task_status_counts", "delivery_status_counts"):
+        assert {k: v for k, v in ours[counts].items() if v} == {
+            k: v for k, v in theirs[counts].items() if v
+        }
 
 
 def _chain(ledger: Ledger, ids: Iterator[str], length: int, parent: str | None = None) -> list[str]:

@@ -228,6 +228,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             report.state_inconsistency_count += 1;
             all_decoded = false;
             report.check_suspects.push((Table::Tasks, rowid));
+            count_statuses_as_stored(report, row);
             while next_event.as_ref().is_some_and(|e| e.task_no == rowid) {
                 next_event = advance_event(&mut event_rows, report)?;
             }
@@ -239,14 +240,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             }
             continue;
         };
-        *report
-            .task_status_counts
-            .entry(task.status.as_str())
-            .or_default() += 1;
-        *report
-            .delivery_status_counts
-            .entry(task.delivery_status.as_str())
-            .or_default() += 1;
+        count_statuses(report, task.status.as_str(), task.delivery_status.as_str());
         report.state_inconsistency_count += i64::from(task.state_problem());
         report.check_violation_count += i64::from(!checks::task_passes(&task));
         expected_indexes.add(rowid, &task);
@@ -352,6 +346,34 @@ fn cross_check_indexes(
         report.event_inconsistency_count += 1;
     }
     Ok(())
+}
+
+fn count_statuses(report: &mut Report, status: &'static str, delivery: &'static str) {
+    *report.task_status_counts.entry(status).or_default() += 1;
+    *report.delivery_status_counts.entry(delivery).or_default() += 1;
+}
+
+/// A row the scan cannot read whole (a time stored as text, a flag of 2)
+/// is still counted under each status it stores that is a known one, as
+/// the peer counts them (by the column alone): the counts then add up to
+/// the tasks whenever the statuses themselves are sound.
+fn count_statuses_as_stored(report: &mut Report, row: &rusqlite::Row<'_>) {
+    let stored = |i: usize| row.get::<_, String>(i).ok();
+    let status = stored(2).and_then(|s| ALL_TASK_STATUSES.into_iter().find(|k| k.as_str() == s));
+    let delivery =
+        stored(3).and_then(|s| ALL_DELIVERY_STATUSES.into_iter().find(|k| k.as_str() == s));
+    if let Some(status) = status {
+        *report
+            .task_status_counts
+            .entry(status.as_str())
+            .or_default() += 1;
+    }
+    if let Some(delivery) = delivery {
+        *report
+            .delivery_status_counts
+            .entry(delivery.as_str())
+            .or_default() += 1;
+    }
 }
 
 fn advance_event(rows: &mut rusqlite::Rows<'_>, report: &mut Report) -> Result<Option<EventRow>> {
