@@ -129,6 +129,43 @@ def test_reconcile_passes_over_rows_no_write_could_make(db_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("version", [2**63 - 3, 2**63 - 2])
+def test_a_task_timed_out_at_its_next_to_last_version_keeps_its_delivery(
+    db_path: Path, version: int
+) -> None:
+    """With a delivery grace of 0, a task timed out in the pass has its
+    delivery closed in the same pass, which takes one more write. One
+    version short of the last, the timeout is the row's last write: the
+    apply leaves its delivery pending, and the dry run once counted it
+    closed (a file doctor calls healthy, two different reports)."""
+    from .conftest import FrozenClock
+
+    clock = FrozenClock(1_000.0)
+    with Ledger(db_path, clock=clock) as ledger:
+        task = ledger.create_task()
+        ledger.claim(task.id, "w1")
+    with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+        conn.execute("UPDATE tasks SET version = ? WHERE id = ?", (version, task.id))
+    clock.advance(100_000)
+    graces = {"active_grace_seconds": 600, "delivery_grace_seconds": 0}
+    with Ledger(db_path, clock=clock) as ledger:
+        assert ledger.doctor()["healthy"]
+        dry = ledger.reconcile(**graces, dry_run=True)
+        applied = ledger.reconcile(**graces)
+        after = ledger.get_task(task.id)
+        assert ledger.doctor()["healthy"]
+    closed = version < 2**63 - 2
+    assert (after.status, after.delivery_status) == (
+        "timed_out",
+        "failed" if closed else "pending",
+    )
+    assert (applied["tasks_timed_out"], applied["deliveries_failed"]) == (1, int(closed))
+    flags = ("dry_run", "applied")
+    assert {k: v for k, v in dry.items() if k not in flags} == {
+        k: v for k, v in applied.items() if k not in flags
+    }
+
+
 @pytest.mark.parametrize(
     ("column", "value"),
     [("tenant", "ac me"), ("version", 2**63 - 1), ("attempt_count", 2**63 - 1)],
