@@ -54,6 +54,7 @@
 
 use std::fs::{File, TryLockError};
 use std::io::ErrorKind;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -82,6 +83,55 @@ const STALE_LOOKS: u32 = 2;
 /// longest wait fell from 282 to 64 ms, and the purge took 7.3 s instead
 /// of 4.6 s.
 const MAKE_WAY_PAUSE: Duration = Duration::from_millis(1);
+
+/// How many turn threads a process keeps at most. A thread whose writer
+/// gave up waits on in `flock`, with its own descriptor of the WAL, until
+/// it gets the turn; beside a turn held by no writer that is for as long
+/// as the turn stays held, past its handle's close. A process opening one
+/// handle per job beside such a turn left one thread and one descriptor
+/// more per job, until opens failed for want of descriptors. Past this
+/// many, a writer waits in SQLite's busy handler instead, as on a file
+/// system without `flock`.
+const MAX_TURN_THREADS: u64 = 16;
+
+/// This process's turn threads: its id in the high half, the count in the
+/// low one, so that a forked child (which has none of its parent's
+/// threads) starts from zero instead of its parent's count. Atomic, not a
+/// lock: a fork may come at any moment.
+static TURN_THREADS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one turn thread more for this process; false at the limit.
+fn count_turn_thread() -> bool {
+    let me = u64::from(std::process::id()) << 32;
+    TURN_THREADS
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |packed| {
+            let alive = if packed & !0xFFFF_FFFF == me {
+                packed & 0xFFFF_FFFF
+            } else {
+                0
+            };
+            (alive < MAX_TURN_THREADS).then_some(me | (alive + 1))
+        })
+        .is_ok()
+}
+
+/// Counts one turn thread of this process less (it ended, or never began).
+fn uncount_turn_thread() {
+    // Only the process that counted a thread runs it: the high half is
+    // this process's id and the count is at least one.
+    TURN_THREADS.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// The number of turn threads this process runs (tests watch it).
+#[cfg(test)]
+fn turn_threads() -> u64 {
+    let packed = TURN_THREADS.load(Ordering::Acquire);
+    if packed >> 32 == u64::from(std::process::id()) {
+        packed & 0xFFFF_FFFF
+    } else {
+        0
+    }
+}
 
 /// One handle's turns: shared with its busy handler, which gives a turn up.
 #[derive(Clone, Default)]
@@ -208,12 +258,20 @@ impl Turnstile {
             stage: Mutex::new(Stage::Waiting),
             changed: Condvar::new(),
         });
+        if !count_turn_thread() {
+            return None;
+        }
         let theirs = Arc::clone(&wait);
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name("taskwarden-turn".into())
-            .spawn(move || theirs.run())
-            .ok()
-            .map(|_| wait)
+            .spawn(move || {
+                theirs.run();
+                uncount_turn_thread();
+            });
+        if spawned.is_err() {
+            uncount_turn_thread();
+        }
+        spawned.ok().map(|_| wait)
     }
 
     /// Waits for `wait`'s thread to get the turn: true when it did, false
@@ -472,6 +530,51 @@ mod tests {
             unreachable!("looked again")
         })?;
         assert!(second.turns().held.is_none());
+        std::fs::remove_dir_all(&dir).ok();
+        Ok(())
+    }
+
+    /// This process's threads named as turn threads, as the kernel lists
+    /// them.
+    fn turn_threads_listed() -> usize {
+        std::fs::read_dir("/proc/self/task").map_or(0, |tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.trim_end() == "taskwarden-turn")
+                .count()
+        })
+    }
+
+    /// Handles opened one after another beside a turn held by no writer
+    /// each left a thread waiting in `flock` (with a descriptor of the
+    /// WAL) past their close, without bound. Past the limit a writer goes
+    /// to SQLite's busy handler; once the turn is given back, every thread
+    /// gives it back in turn and ends.
+    #[test]
+    fn turn_threads_beside_a_turn_held_by_no_writer_are_bounded() -> Result<()> {
+        let (dir, first, _, second_wal) = turn_held("bounded")?;
+        let handles = usize::try_from(MAX_TURN_THREADS).unwrap_or(16) + 8;
+        std::thread::scope(|scope| {
+            for _ in 0..handles {
+                let wal = Arc::clone(&second_wal);
+                scope.spawn(move || {
+                    let handle = contended();
+                    handle.enter(&wal, &Interruption::default(), LONG, &mut || true)
+                });
+            }
+        });
+        let listed = turn_threads_listed();
+        assert!(listed >= 1, "no turn thread was left waiting");
+        assert!(
+            listed <= usize::try_from(MAX_TURN_THREADS).unwrap_or(16),
+            "{listed} turn threads"
+        );
+        first.leave();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while turn_threads() > 0 || turn_threads_listed() > 0 {
+            assert!(Instant::now() < deadline, "turn threads never ended");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         std::fs::remove_dir_all(&dir).ok();
         Ok(())
     }
