@@ -267,6 +267,66 @@ def test_ctrl_c_ends_a_lock_wait_at_once_and_writes_nothing(db_path: Path) -> No
     assert task_count(db_path) == 0
 
 
+SHORT_INTERRUPTED_WAITS = r"""
+import os, signal, subprocess, sys, threading
+from taskwarden import Ledger
+path = sys.argv[1]
+ledger = Ledger(path, busy_timeout_ms=60_000)
+# Another process takes the write lock at each line read, for 40 ms:
+# freed well before the wait's first look for signals (50 ms in).
+HOLDER = '''
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+for _ in sys.stdin:
+    conn.execute("BEGIN IMMEDIATE")
+    print("held", flush=True)
+    time.sleep(0.04)
+    conn.execute("ROLLBACK")
+'''
+holder = subprocess.Popen(
+    [sys.executable, "-c", HOLDER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+)
+outcomes = []
+for _ in range(10):
+    before = ledger.stats()["task_count"]
+    holder.stdin.write("go\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline() == "held\n"
+    threading.Timer(0.005, os.kill, (os.getpid(), signal.SIGINT)).start()
+    outcome = "returned"
+    try:
+        try:
+            ledger.create_task()
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+        threading.Event().wait(0.1)
+    except KeyboardInterrupt:
+        outcome += " late"
+    written = ledger.stats()["task_count"] - before
+    outcomes.append(f"{outcome}, wrote {written}")
+holder.stdin.close()
+holder.wait()
+print(";".join(sorted(set(outcomes))))
+"""
+
+
+def test_ctrl_c_during_a_short_lock_wait_writes_nothing(db_path: Path) -> None:
+    """SIGINT 5 ms into a wait for a lock that is free again at 40 ms,
+    before the wait's first look for signals: the write went ahead once
+    the lock came, and KeyboardInterrupt was raised after it had been
+    committed (a retry then wrote twice). A call that waited looks for
+    signals before its commit."""
+    Ledger(db_path).close()
+    out = subprocess.run(
+        [sys.executable, "-c", SHORT_INTERRUPTED_WAITS, str(db_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert out.strip() == "interrupted, wrote 0", out
+
+
 REENTERING_HANDLER = r"""
 import os, signal, sys, threading, time
 from taskwarden import Ledger, StateConflict

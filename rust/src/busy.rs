@@ -147,6 +147,12 @@ impl Waits {
     pub fn take(&self) -> bool {
         self.0.swap(false, Ordering::Relaxed)
     }
+
+    /// True when a wait happened since the last [`take`](Self::take).
+    #[must_use]
+    pub fn happened(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// While it probes, the busy handler answers "busy" at once: a look at

@@ -67,6 +67,13 @@ const REWRITE_CACHE_KIB: i64 = -1_048_576;
 /// in-memory journal doubled the peak and gained nothing.
 const IN_MEMORY_BULK_MAX_FILE_BYTES: u64 = 128 * 1024 * 1024;
 
+/// Whether the write under way waited for its turn or for SQLite's lock
+/// (the busy handler notes its waits; a turn's wait is remembered until
+/// the turn is given up).
+fn waited_for_the_lock(waits: &busy::Waits, turnstile: &Turnstile) -> bool {
+    waits.happened() || turnstile.wait_began().is_some()
+}
+
 /// Whether a bulk rewrite of a file `file_len` long (unknown: an in-memory
 /// ledger, or metadata that could not be read) keeps its work in memory.
 fn bulk_in_memory(file_len: Option<u64>) -> bool {
@@ -973,6 +980,12 @@ impl Store {
                 begin_snapshot(&tx, timeout)?;
             }
             let out = op(&tx)?;
+            // A wait looks for signals only every SIGNAL_CHECK_EVERY: a
+            // Ctrl-C during a shorter one would otherwise be raised after
+            // this commit, for a write the caller is told did not happen.
+            if !reads && waited_for_the_lock(&self.waits, &self.turnstile) {
+                self.interruption.signalled();
+            }
             self.interruption.stop_if_signalled()?;
             match (size, &self.wal) {
                 (Size::Large, Some(wal)) => wal.syncing_while(|| tx.commit())?,
