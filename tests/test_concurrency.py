@@ -230,17 +230,23 @@ def _finish_while_locked(
         )
 
 
+def _script_output(db_path: Path, script: str) -> str:
+    """Runs ``script`` (argv[1]: the ledger) in a fresh interpreter; its
+    standard output."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(db_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+
+
 def _run_while_locked(db_path: Path, script: str, *, exclusive: bool = False) -> str:
-    """Runs ``script`` (argv[1]: the ledger) in a fresh interpreter while
-    another process holds the lock; its standard output."""
+    """Runs ``script`` while another process holds the lock; its standard
+    output."""
     with write_lock_held(db_path, exclusive=exclusive):
-        return subprocess.run(
-            [sys.executable, "-c", script, str(db_path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        ).stdout
+        return _script_output(db_path, script)
 
 
 INTERRUPTED_WAIT = r"""
@@ -317,13 +323,7 @@ def test_ctrl_c_during_a_short_lock_wait_writes_nothing(db_path: Path) -> None:
     committed (a retry then wrote twice). A call that waited looks for
     signals before its commit."""
     Ledger(db_path).close()
-    out = subprocess.run(
-        [sys.executable, "-c", SHORT_INTERRUPTED_WAITS, str(db_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    out = _script_output(db_path, SHORT_INTERRUPTED_WAITS)
     assert out.strip() == "interrupted, wrote 0", out
 
 

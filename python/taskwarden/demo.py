@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _core
 from .errors import InvalidInput, StateConflict
-from .ledger import Ledger
+from .ledger import Ledger, text_path
 
 __all__ = ["ACTIVE_GRACE", "DELIVERY_GRACE", "explain", "run_demo"]
 
@@ -96,7 +96,7 @@ def run_demo(
     # The name as an open resolves it (refused as an open refuses it,
     # before anything is made): the temporary name goes in the very
     # directory the link is made in, whatever links and `..` the path has.
-    final = _core.resolve_path(_text_path(db))
+    final = _core.resolve_path(text_path(db))
     if any(os.path.lexists(f"{final}{s}") for s in ("", "-wal", "-journal")):
         raise InvalidInput(_EXISTS)
     # Short and of fixed length, so any name the ledger takes fits it too.
@@ -112,16 +112,6 @@ def run_demo(
 
 
 _EXISTS = "the demo builds a new ledger; that path already exists"
-
-
-def _text_path(db: str | Path) -> str:
-    try:
-        raw = os.fspath(db)
-    except TypeError:
-        raise InvalidInput("database path must be path-like") from None
-    if not isinstance(raw, str):
-        raise InvalidInput("database path must be a nonempty text path")
-    return raw
 
 
 def _run(path: Path, options: dict[str, Any]) -> dict[str, Any]:

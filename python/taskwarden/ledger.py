@@ -102,6 +102,17 @@ _SYSTEM_CLOCKS = (time.time,)
 _TIME_TRAVEL_MODULES = ("time_machine",)
 
 
+def text_path(path: Any) -> str:
+    """A path argument as the text the core resolves (the peer's refusals)."""
+    try:
+        raw = os.fspath(path)
+    except Exception:
+        raise InvalidInput("database path must be path-like") from None
+    if not isinstance(raw, str):
+        raise InvalidInput("database path must be a nonempty text path")
+    return raw
+
+
 def _core_clock(clock: Clock) -> Clock | None:
     """What the core is given: None for the system clock it reads itself,
     otherwise the callable, called for every reading."""
@@ -194,12 +205,7 @@ class Ledger:
         migrate: bool = True,
         create: bool = True,
     ) -> None:
-        try:
-            raw = os.fspath(path)
-        except Exception:
-            raise InvalidInput("database path must be path-like") from None
-        if not isinstance(raw, str):
-            raise InvalidInput("database path must be a nonempty text path")
+        raw = text_path(path)
         if not callable(clock):
             raise InvalidInput("clock must be callable")
         options: dict[str, Any] = {
