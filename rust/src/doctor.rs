@@ -17,7 +17,7 @@ use rusqlite::{OptionalExtension, Transaction};
 use crate::ancestry::Ancestry;
 use crate::checks::{self, Table};
 use crate::errors::Result;
-use crate::fsm::{ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
+use crate::fsm::{DeliveryStatus, TaskStatus, ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
 use crate::index_audit::{self, Digest, Tally};
 use crate::replay::{event_row, Chain, EventRow, EVENTS_OF_TASKS, EVENT_COLUMNS};
 use crate::schema::{self, Found};
@@ -240,7 +240,7 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
             }
             continue;
         };
-        count_statuses(report, task.status.as_str(), task.delivery_status.as_str());
+        count_statuses(report, Some(task.status), Some(task.delivery_status));
         report.state_inconsistency_count += i64::from(task.state_problem());
         report.check_violation_count += i64::from(!checks::task_passes(&task));
         expected_indexes.add(rowid, &task);
@@ -348,20 +348,12 @@ fn cross_check_indexes(
     Ok(())
 }
 
-fn count_statuses(report: &mut Report, status: &'static str, delivery: &'static str) {
-    *report.task_status_counts.entry(status).or_default() += 1;
-    *report.delivery_status_counts.entry(delivery).or_default() += 1;
-}
-
-/// A row the scan cannot read whole (a time stored as text, a flag of 2)
-/// is still counted under each status it stores that is a known one, as
-/// the peer counts them (by the column alone): the counts then add up to
-/// the tasks whenever the statuses themselves are sound.
-fn count_statuses_as_stored(report: &mut Report, row: &rusqlite::Row<'_>) {
-    let stored = |i: usize| row.get::<_, String>(i).ok();
-    let status = stored(2).and_then(|s| ALL_TASK_STATUSES.into_iter().find(|k| k.as_str() == s));
-    let delivery =
-        stored(3).and_then(|s| ALL_DELIVERY_STATUSES.into_iter().find(|k| k.as_str() == s));
+/// Counts a task under each of its statuses that is known.
+fn count_statuses(
+    report: &mut Report,
+    status: Option<TaskStatus>,
+    delivery: Option<DeliveryStatus>,
+) {
     if let Some(status) = status {
         *report
             .task_status_counts
@@ -374,6 +366,19 @@ fn count_statuses_as_stored(report: &mut Report, row: &rusqlite::Row<'_>) {
             .entry(delivery.as_str())
             .or_default() += 1;
     }
+}
+
+/// A row the scan cannot read whole (a time stored as text, a flag of 2)
+/// is still counted under each status it stores that is a known one, as
+/// the peer counts them (by the column alone): the counts then add up to
+/// the tasks whenever the statuses themselves are sound.
+fn count_statuses_as_stored(report: &mut Report, row: &rusqlite::Row<'_>) {
+    let stored = |i: usize| row.get::<_, String>(i).ok();
+    count_statuses(
+        report,
+        stored(2).and_then(|s| TaskStatus::from_stored(&s).ok()),
+        stored(3).and_then(|s| DeliveryStatus::from_stored(&s).ok()),
+    );
 }
 
 fn advance_event(rows: &mut rusqlite::Rows<'_>, report: &mut Report) -> Result<Option<EventRow>> {

@@ -129,29 +129,30 @@ fn pending_count(tx: &Transaction<'_>, tenant: Option<&str>) -> Result<i64> {
     )
 }
 
-/// Timed-out tasks whose row takes one write more after its timeout (not
-/// at the last version then): the ones whose delivery a grace of zero
-/// closes in the same pass. The apply's delivery scan passes over the rest.
-const WRITABLE_AFTER_TIMEOUT: &str = " AND version <= 9223372036854775805";
-
-/// Tasks this pass times out: all of them (`None`), or those whose
-/// delivery it then closes, of one kind (`Some(required)`).
-fn timed_out_count(
-    tx: &Transaction<'_>,
-    p: &Policy,
-    c: &Cutoffs,
-    then_closed: Option<bool>,
-) -> Result<i64> {
-    let filter = match then_closed {
-        Some(true) => format!("{WRITABLE_AFTER_TIMEOUT} AND delivery_required = 1"),
-        Some(false) => format!("{WRITABLE_AFTER_TIMEOUT} AND delivery_required = 0"),
-        None => String::new(),
-    };
+fn timed_out_count(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs) -> Result<i64> {
     count(
         tx,
-        &format!("SELECT count(*) FROM tasks WHERE {TIMED_OUT}{filter}"),
+        &format!("SELECT count(*) FROM tasks WHERE {TIMED_OUT}"),
         named_params! {":tenant": p.tenant, ":now": c.now, ":stale": c.stale, ":worker": p.worker_lost},
     )
+}
+
+/// Of the tasks this pass times out, those whose delivery a grace of zero
+/// then closes in the same pass, by kind (required, internal): a row that
+/// takes one write more after its timeout (not then at the last version).
+/// The apply's delivery scan passes over the rest.
+fn closed_after_timeout(tx: &Transaction<'_>, p: &Policy, c: &Cutoffs) -> Result<(i64, i64)> {
+    Ok(tx
+        .prepare_cached(&format!(
+            "SELECT count(*) FILTER (WHERE delivery_required = 1),
+                    count(*) FILTER (WHERE delivery_required = 0)
+             FROM tasks WHERE {TIMED_OUT} AND version <= 9223372036854775805"
+        ))?
+        .query_row(
+            named_params! {":tenant": p.tenant, ":now": c.now, ":stale": c.stale,
+            ":worker": p.worker_lost},
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?)
 }
 
 const CLOCK_BEHIND: &str = "clock moved backwards across a persisted transition";
@@ -224,7 +225,7 @@ fn cutoffs(now: f64, p: &Policy) -> Cutoffs {
 pub fn preview(tx: &Transaction<'_>, p: &Policy, clock: Clock<'_>) -> Result<Report> {
     let active = active_count(tx, p.tenant.as_deref())?;
     let c = cutoffs(clock()?, p);
-    let timed_out = timed_out_count(tx, p, &c, None)?;
+    let timed_out = timed_out_count(tx, p, &c)?;
     if timed_out > 0 {
         check_forward_time(tx, p, &c)?;
     }
@@ -236,8 +237,9 @@ pub fn preview(tx: &Transaction<'_>, p: &Policy, clock: Clock<'_>) -> Result<Rep
     // Tasks timed out in this pass end at `now`; their delivery expires in
     // the same pass only when `now <= now - grace` (a grace of zero).
     if timed_out > 0 && c.now <= c.dcut {
-        failed += timed_out_count(tx, p, &c, Some(true))?;
-        not_applicable += timed_out_count(tx, p, &c, Some(false))?;
+        let (required, internal) = closed_after_timeout(tx, p, &c)?;
+        failed += required;
+        not_applicable += internal;
     }
     Ok(report(
         true,

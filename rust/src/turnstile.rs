@@ -100,16 +100,22 @@ const MAX_TURN_THREADS: u64 = 16;
 /// lock: a fork may come at any moment.
 static TURN_THREADS: AtomicU64 = AtomicU64::new(0);
 
+/// The turn threads of this process that `packed` counts (none when it
+/// is a parent's count, inherited across a fork).
+fn alive_here(packed: u64) -> u64 {
+    if packed >> 32 == u64::from(std::process::id()) {
+        packed & 0xFFFF_FFFF
+    } else {
+        0
+    }
+}
+
 /// Counts one turn thread more for this process; false at the limit.
 fn count_turn_thread() -> bool {
     let me = u64::from(std::process::id()) << 32;
     TURN_THREADS
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |packed| {
-            let alive = if packed & !0xFFFF_FFFF == me {
-                packed & 0xFFFF_FFFF
-            } else {
-                0
-            };
+            let alive = alive_here(packed);
             (alive < MAX_TURN_THREADS).then_some(me | (alive + 1))
         })
         .is_ok()
@@ -125,12 +131,7 @@ fn uncount_turn_thread() {
 /// The number of turn threads this process runs (tests watch it).
 #[cfg(test)]
 fn turn_threads() -> u64 {
-    let packed = TURN_THREADS.load(Ordering::Acquire);
-    if packed >> 32 == u64::from(std::process::id()) {
-        packed & 0xFFFF_FFFF
-    } else {
-        0
-    }
+    alive_here(TURN_THREADS.load(Ordering::Acquire))
 }
 
 /// One handle's turns: shared with its busy handler, which gives a turn up.
