@@ -217,6 +217,39 @@ def test_help_lists_the_commands() -> None:
     assert "Exit codes: 0 ok" in " ".join(proc.stdout.split())
 
 
+def _help(command: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "taskwarden", command, "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert proc.returncode == 0
+    return " ".join(proc.stdout.split())
+
+
+def test_each_fence_help_says_what_a_fenced_out_call_answers(db_path: Path) -> None:
+    """A charge never raises for state: its help promises allowed=false and
+    exit 1, as a fenced-out charge answers; a fenced-out heartbeat is
+    refused. Only close and delivery accept an ended task's last holder."""
+    with Ledger(db_path) as ledger:
+        task = ledger.create_task()
+        ledger.claim(task.id, "w1")
+    db = ("--db", str(db_path))
+    assert "allowed=false (exit 1) unless" in _help("charge")
+    assert "ClaimLost" not in _help("charge")
+    code, out, _ = run_cli(*db, "charge", task.id, "--worker", "w2")
+    assert (code, out["charge"]["allowed"]) == (1, False)
+    assert "refuse (ClaimLost) unless" in _help("heartbeat")
+    code, out, _ = run_cli(*db, "heartbeat", task.id, "--worker", "w2")
+    assert (code, out["error"]) == (2, "ClaimLost")
+    for command in ("heartbeat", "charge", "transition", "block", "escalate"):
+        assert "held it last" not in _help(command), command
+    for command in ("close", "delivery"):
+        assert "for an ended task: held it last" in _help(command), command
+
+
 READS = [["stats"], ["list"], ["get", "{id}"], ["events", "{id}"], ["budget", "{id}"], ["doctor"]]
 
 
@@ -339,6 +372,24 @@ def test_reads_leave_a_file_that_holds_no_ledger_as_it_is(
     assert path.read_bytes() == before
     assert path.stat().st_mode & 0o777 == (0o644 if found == "empty-file" else 0o600)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.db"]
+
+
+@pytest.mark.parametrize("argv", READS, ids=[a[0] for a in READS])
+def test_a_shared_file_that_is_no_ledger_is_called_that_not_a_mode_problem(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """Another program's file, readable by all, is refused as no ledger. The
+    read-only copy that a reading command falls back on would refuse its
+    mode instead, and send the user to chmod a file that is no ledger."""
+    os.chmod(tmp_path, 0o700)
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"plain text, not a ledger\n" * 100)
+    path.chmod(0o644)
+    before = path.read_bytes()
+    code, _, text = _read(path, argv, str(uuid.uuid4()), "--format", "text")
+    assert code == 2
+    assert "StateConflict" in text and "not a ledger" in text and "mode" not in text
+    assert path.read_bytes() == before and path.stat().st_mode & 0o777 == 0o644
 
 
 def test_db_and_format_may_come_before_or_after_the_command(db_path: Path) -> None:

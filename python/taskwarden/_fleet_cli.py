@@ -65,7 +65,7 @@ def add_fleet_commands(
     charge.add_argument(
         "--cost-micros", type=int, default=0, help="cost in micro-units (default 0)"
     )
-    add_fence(charge)
+    add_fence(charge, refusal="answer allowed=false (exit 1)")
 
     budget = sub.add_parser("budget", parents=[common, reading], help="show budget figures")
     add_task_id(budget)
@@ -238,13 +238,16 @@ def fleet_command(opener: Opener) -> Callable[[argparse.Namespace], dict[str, An
     return lambda args: _command(args, opener)
 
 
-def add_fence(command: argparse.ArgumentParser) -> None:
-    """--worker and --attempt: the zombie fence of a write."""
+def add_fence(
+    command: argparse.ArgumentParser, *, refusal: str = "refuse (ClaimLost)", ended: bool = False
+) -> None:
+    """--worker and --attempt: the zombie fence of a write. ``refusal`` says
+    what a fenced-out call answers; ``ended`` marks the writes (close,
+    delivery) that an ended task's last holder may still make."""
+    last_holder = " (for an ended task: held it last)" if ended else ""
     command.add_argument(
-        "--worker",
-        help="refuse (ClaimLost) unless this worker's claim holds the task (for an ended "
-        "task: held it last)",
+        "--worker", help=f"{refusal} unless this worker's claim holds the task{last_holder}"
     )
     command.add_argument(
-        "--attempt", type=int, help="refuse (ClaimLost) unless this is the task's current attempt"
+        "--attempt", type=int, help=f"{refusal} unless this is the task's current attempt"
     )

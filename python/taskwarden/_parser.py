@@ -190,13 +190,13 @@ def add_lifecycle_commands(
     close.add_argument("--status", required=True, choices=_TERMINAL, help="the terminal status")
     terminal_codes = {to: c for to, c in TASK_REASON_CODES.items() if to.is_terminal}
     close.add_argument("--code", help=codes_help(terminal_codes))
-    add_fence(close)
+    add_fence(close, ended=True)
 
     delivery = sub.add_parser("delivery", parents=[common], help="record a delivery outcome")
     add_task_id(delivery)
     delivery.add_argument("--status", required=True, choices=_DELIVERY, help="the outcome")
     delivery.add_argument("--code", help=codes_help(DELIVERY_REASON_CODES, "outcome"))
-    add_fence(delivery)
+    add_fence(delivery, ended=True)
 
 
 def add_recovery_commands(

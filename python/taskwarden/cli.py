@@ -101,6 +101,10 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
         # cannot be read (a task-state-guard file over the copy's cap, say).
         try:
             return opened(read_only=True, snapshot_max_bytes=snapshot_bytes(args))
+        except InvalidInput:
+            # The copy refused how the file is kept (a mode a writable open
+            # tightens on a ledger it accepts): the first refusal says why.
+            raise refused from None
         except LedgerError as unreadable:
             raise unreadable from refused
 
