@@ -1439,3 +1439,40 @@ def test_a_refusal_names_which_argument_of_its_kind(argument: str) -> None:
         task = mem.create_task()
         with pytest.raises(InvalidInput, match=rf"^{name} (is not|must be) "):
             call(mem, task.id)
+
+
+def _grace(lg: Ledger, task_id: str, name: Any) -> Any:
+    return lg.reconcile(active_grace_seconds=1.0, delivery_grace_seconds=1.0, tenant=name)
+
+
+# Every call that takes a tenant or worker name: a refusal says which one.
+NAME_ARGUMENTS: dict[str, tuple[Callable[[Ledger, str, Any], Any], str]] = {
+    "create_task(tenant)": (lambda lg, t, n: lg.create_task(tenant=n), "tenant"),
+    "claim(worker)": (lambda lg, t, n: lg.claim(t, n), "worker"),
+    "claim_next(worker)": (lambda lg, t, n: lg.claim_next(n), "worker"),
+    "claim_next(tenant)": (lambda lg, t, n: lg.claim_next("w", tenant=n), "tenant"),
+    "release(worker)": (lambda lg, t, n: lg.release(t, n), "worker"),
+    "heartbeat(worker)": (lambda lg, t, n: lg.heartbeat(t, worker=n), "worker"),
+    "charge(worker)": (lambda lg, t, n: lg.charge(t, worker=n), "worker"),
+    "close_task(worker)": (lambda lg, t, n: lg.close_task(t, "failed", worker=n), "worker"),
+    "list_tasks(tenant)": (lambda lg, t, n: lg.list_tasks(tenant=n), "tenant"),
+    "list_tasks(owner)": (lambda lg, t, n: lg.list_tasks(owner=n), "owner"),
+    "reconcile(tenant)": (_grace, "tenant"),
+    "purge(tenant)": (lambda lg, t, n: lg.purge(older_than_seconds=1, tenant=n), "tenant"),
+    "stats(tenant)": (lambda lg, t, n: lg.stats(tenant=n), "tenant"),
+}
+
+
+@pytest.mark.parametrize("bad", ["a b", "", 5], ids=["space", "empty", "int"])
+@pytest.mark.parametrize("call", sorted(NAME_ARGUMENTS))
+def test_a_refused_name_says_whether_it_was_the_tenant_or_the_worker(
+    tmp_path: Path, call: str, bad: Any
+) -> None:
+    run, name = NAME_ARGUMENTS[call]
+    path = tmp_path / "names.db"
+    with Ledger(path) as ledger:
+        task = ledger.create_task()
+        before = logical_dump(path)
+        with pytest.raises(InvalidInput, match=rf"^{name} must be 1-128 characters of "):
+            run(ledger, task.id, bad)
+    assert logical_dump(path) == before

@@ -92,7 +92,9 @@ REFUSAL_REASONS: list[tuple[list[str], str]] = [
         "argument --unlimited-calls: not allowed with argument --llm-calls-budget",
     ),
     (["create", "--bogus", SECRET], "unrecognized arguments"),
-    (["create", "--tenant", f"a/{SECRET}"], "tenant and worker names must be 1-128 characters"),
+    (["create", "--tenant", f"a/{SECRET}"], "--tenant must be 1-128 characters"),
+    (["stats", "--tenant", f"a/{SECRET}"], "--tenant must be 1-128 characters"),
+    (["claim-next", "--worker", f"a/{SECRET}"], "--worker must be 1-128 characters"),
     (["list", "--limit", "0"], "--limit must be between 1 and 10000"),
     # The core's own refusals name the flag that was typed, not the API's parameter.
     (

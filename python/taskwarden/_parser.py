@@ -83,6 +83,7 @@ _FLAG_OF_PARAMETER = {
             "limit",
             "tenant",
             "owner",
+            "worker",
             "parent_id",
             "after",
             "active_grace_seconds",
@@ -100,8 +101,8 @@ _CAP_NAMED_TWICE = ("(snapshot_max_bytes, CLI --snapshot-max-mib)", "(--snapshot
 def in_flags(reason: str) -> str:
     """A ledger refusal's reason as the CLI user reads it: the parameter it
     begins with becomes the flag typed for it. Only a name followed by its
-    rule ("must ...", "is ...") is one parameter: "tenant and worker names
-    must ..." stays as it is."""
+    rule ("must ...", "is ...") is one parameter: "task id must be a valid
+    UUID" stays as it is."""
     reason = reason.replace(*_CAP_NAMED_TWICE)
     name, _, rule = reason.partition(" ")
     if name in _FLAG_OF_PARAMETER and rule.startswith(("must ", "is ")):

@@ -62,20 +62,18 @@ pub fn opt_text(obj: Option<&Bound<'_, PyAny>>, bad: &'static str) -> Result<Opt
     }
 }
 
-/// A tenant or worker name.
-pub fn name(obj: &Bound<'_, PyAny>) -> Result<String> {
-    let s = text(
-        obj,
-        "tenant and worker names must be 1-128 characters of [A-Za-z0-9._:@-]",
-    )?;
-    validate::name(&s)?;
-    Ok(s)
+/// A tenant or worker name; a refusal names the argument `arg`, so a
+/// caller (and the CLI, which turns it into the flag typed) knows which
+/// of several names was wrong.
+pub fn name(obj: &Bound<'_, PyAny>, arg: &'static str) -> Result<String> {
+    let checked = text(obj, NAME_RULE).and_then(|s| validate::name(&s).map(|()| s));
+    named(checked, arg, NAME_RULE)
 }
 
-/// An optional tenant or worker name.
-pub fn opt_name(obj: Option<&Bound<'_, PyAny>>) -> Result<Option<String>> {
+/// An optional tenant or worker name, refused as [`name`] refuses.
+pub fn opt_name(obj: Option<&Bound<'_, PyAny>>, arg: &'static str) -> Result<Option<String>> {
     match obj {
-        Some(o) if !o.is_none() => name(o).map(Some),
+        Some(o) if !o.is_none() => name(o, arg).map(Some),
         _ => Ok(None),
     }
 }

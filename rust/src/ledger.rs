@@ -242,7 +242,7 @@ fn busy_ms(obj: &Bound<'_, PyAny>) -> Result<u32> {
 
 fn fence(worker: Option<&Bound<'_, PyAny>>, attempt: Option<&Bound<'_, PyAny>>) -> Result<Fence> {
     Ok(Fence {
-        worker: convert::opt_name(worker)?,
+        worker: convert::opt_name(worker, "worker")?,
         attempt: convert::opt_amount(attempt, "attempt")?,
     })
 }
@@ -356,7 +356,7 @@ impl LedgerCore {
             payload_hash: convert::opt_payload_hash(payload_hash)?,
             timeout_seconds: convert::opt_seconds(timeout_seconds, "timeout_seconds")?,
             delivery_required: convert::flag(delivery_required, "delivery_required")?,
-            tenant: convert::opt_name(tenant)?,
+            tenant: convert::opt_name(tenant, "tenant")?,
             limits: Limits {
                 calls: convert::opt_amount(llm_calls_budget, "llm_calls_budget")?,
                 tokens: convert::opt_amount(token_budget, "token_budget")?,
@@ -497,12 +497,8 @@ impl LedgerCore {
         let policy = Policy {
             active_grace: convert::seconds(active_grace_seconds, "active_grace_seconds")?,
             delivery_grace: convert::seconds(delivery_grace_seconds, "delivery_grace_seconds")?,
-            worker_lost: convert::named(
-                convert::opt_name(worker_lost),
-                "worker_lost",
-                convert::NAME_RULE,
-            )?,
-            tenant: convert::named(convert::opt_name(tenant), "tenant", convert::NAME_RULE)?,
+            worker_lost: convert::opt_name(worker_lost, "worker_lost")?,
+            tenant: convert::opt_name(tenant, "tenant")?,
         };
         let report = self.run(py, |store, clock| {
             if dry_run {
@@ -522,7 +518,7 @@ impl LedgerCore {
         worker: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let id = convert::task_id(task_id)?;
-        let worker = convert::name(worker)?;
+        let worker = convert::name(worker, "worker")?;
         let row = self.run(py, |store, clock| {
             store.write(|tx| claim::claim(tx, &id, &worker, clock))
         })?;
@@ -537,8 +533,8 @@ impl LedgerCore {
         tenant: Option<&Bound<'py, PyAny>>,
         limit: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
-        let worker = convert::name(worker)?;
-        let tenant = convert::opt_name(tenant)?;
+        let worker = convert::name(worker, "worker")?;
+        let tenant = convert::opt_name(tenant, "tenant")?;
         let limit = convert::page_size(limit)?;
         let rows = self.run(py, |store, clock| {
             store.write(|tx| claim::claim_next(tx, &worker, tenant.as_deref(), limit, clock))
@@ -555,7 +551,7 @@ impl LedgerCore {
         attempt: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = convert::task_id(task_id)?;
-        let worker = convert::name(worker)?;
+        let worker = convert::name(worker, "worker")?;
         let attempt = convert::opt_amount(attempt, "attempt")?;
         self.write_task(py, |tx, clock| {
             claim::release(tx, &id, &worker, attempt, clock)
@@ -685,12 +681,12 @@ impl LedgerCore {
         limit: &Bound<'py, PyAny>,
         after: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
-        use convert::{named, ID_RULE, NAME_RULE, STATUS_RULE};
+        use convert::{named, ID_RULE, STATUS_RULE};
         let status = status.filter(|s| !s.is_none()).map(convert::task_status);
         let query = ListQuery {
             status: named(status.transpose(), "status", STATUS_RULE)?,
-            tenant: named(convert::opt_name(tenant), "tenant", NAME_RULE)?,
-            owner: named(convert::opt_name(owner), "owner", NAME_RULE)?,
+            tenant: convert::opt_name(tenant, "tenant")?,
+            owner: convert::opt_name(owner, "owner")?,
             parent_id: named(convert::opt_task_id(parent_id), "parent_id", ID_RULE)?,
             limit: convert::page_size(limit)?,
             after: named(convert::opt_task_id(after), "after", ID_RULE)?,
@@ -719,7 +715,7 @@ impl LedgerCore {
     ) -> PyResult<Bound<'py, PyDict>> {
         let dry_run = convert::flag(dry_run, "dry_run")?;
         let older_than = convert::seconds(older_than_seconds, "older_than_seconds")?;
-        let tenant = convert::opt_name(tenant)?;
+        let tenant = convert::opt_name(tenant, "tenant")?;
         let report = self.run(py, |store, clock| {
             let scope = retention::PurgeScope {
                 cutoff: clock()? - older_than,
@@ -739,7 +735,7 @@ impl LedgerCore {
         py: Python<'py>,
         tenant: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let tenant = convert::opt_name(tenant)?;
+        let tenant = convert::opt_name(tenant, "tenant")?;
         let (stats, sizes) = self.run(py, |store, _| {
             Ok((
                 store.read(|tx| retention::stats(tx, tenant.as_deref()))?,
