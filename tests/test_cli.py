@@ -671,6 +671,30 @@ def test_of_two_demos_given_one_path_one_gets_it(
     assert [p.name for p in tmp_path.iterdir()] == ["demo.db"]
 
 
+def test_the_demo_syncs_its_folder_after_naming_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link to the final name and the unlink of the temporary one reach
+    the disk together: after a power cut the ledger is at its name with one
+    link (a file left with both names is refused by every open)."""
+    from taskwarden import demo
+
+    os.chmod(tmp_path, 0o700)
+    kept = tmp_path / "demo.db"
+    synced: list[tuple[str, list[str]]] = []
+    real_fsync = os.fsync
+
+    def fsync(handle: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{handle}")
+        synced.append((target, sorted(os.listdir(tmp_path)) if target == str(tmp_path) else []))
+        real_fsync(handle)
+
+    monkeypatch.setattr(demo.os, "fsync", fsync)
+    code, out, _ = run_cli("demo", "--keep-db", str(kept))
+    assert code == 0 and out["ok"] is True
+    assert (str(tmp_path), ["demo.db"]) in synced
+
+
 def test_the_demo_takes_any_name_a_ledger_takes(tmp_path: Path) -> None:
     """Its temporary name is short and fixed, so a long final name works as
     for any ledger (a longer temporary name once made it exit 3)."""

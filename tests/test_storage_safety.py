@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -338,6 +339,36 @@ def test_durability_full_switches_synchronous(tmp_path: Path) -> None:
         assert (info["synchronous"], info["durability"]) == ("full", "full")
     with pytest.raises(InvalidInput):
         Ledger(tmp_path / "x.db", durability="fast")
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to see the syncs")
+def test_each_folder_a_new_ledger_makes_is_synced_into_its_parent(tmp_path: Path) -> None:
+    """A folder's name lives in its parent, which SQLite never syncs: a
+    power cut could take the new folders, and every commit `durability=
+    "full"` reported on disk with them. Only a trace of the system calls
+    shows the syncs (a killed process still leaves the page cache)."""
+    os.chmod(tmp_path, 0o700)
+    db = tmp_path / "a" / "b" / "c" / "ledger.db"
+    script = "import sys; from taskwarden import Ledger; Ledger(sys.argv[1]).close()"
+    trace = subprocess.run(
+        ["strace", "-f", "-y", "-e", "trace=mkdir,fsync", sys.executable, "-c", script, str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert trace.returncode == 0, trace.stderr[-2000:]
+    made: list[str] = []
+    synced_after: dict[str, set[str]] = {}
+    for line in trace.stderr.splitlines():
+        if (found := re.search(r'mkdir\("([^"]+)", 0700\) += 0', line)) is not None:
+            made.append(found.group(1))
+            synced_after[found.group(1)] = set()
+        elif (found := re.search(r"fsync\(\d+<([^>]+)>\) += 0", line)) is not None:
+            for folder in made:
+                synced_after[folder].add(found.group(1))
+    assert made == [str(tmp_path / "a"), str(tmp_path / "a" / "b"), str(db.parent)]
+    for folder in made:
+        assert str(Path(folder).parent) in synced_after[folder], folder
 
 
 def test_storage_info_has_the_peer_keys(ledger: Ledger) -> None:

@@ -109,6 +109,20 @@ def run_demo(
         for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(OSError):  # never in place of the real error
                 os.unlink(f"{building}{suffix}")
+        _sync_folder(final.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Makes the link and the unlinks survive a power cut: the ledger at
+    its name, the temporary name gone (a file left with both names is
+    refused by every open). A folder some file system cannot sync is
+    left as it is, as the ledger itself does."""
+    with contextlib.suppress(OSError):
+        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 _EXISTS = "the demo builds a new ledger; that path already exists"

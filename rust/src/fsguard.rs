@@ -134,7 +134,7 @@ pub fn prepare_parent(path: &DbPath, create: bool) -> Result<()> {
             Ok(_) => return Err(Error::Invalid("database parent must be a real directory")),
             Err(e) if e.kind() == ErrorKind::NotFound && create => {
                 match DirBuilder::new().mode(0o700).create(&current) {
-                    Ok(()) => {}
+                    Ok(()) => sync_entry_of(&current),
                     Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
                     Err(_) => return Err(Error::Invalid("database parent cannot be created")),
                 }
@@ -143,6 +143,22 @@ pub fn prepare_parent(path: &DbPath, create: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Makes a folder we just created survive a power cut: its name lives in
+/// its parent, which SQLite never syncs (it syncs only the database's own
+/// folder, once it has made the WAL there). Without this a commit that
+/// `durability="full"` reported on disk could vanish with its new folder.
+/// A failed sync is ignored, as SQLite ignores one of a folder: some file
+/// systems cannot sync a folder at all, and the open must not fail there.
+fn sync_entry_of(created: &Path) {
+    let parent = match created.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if let Ok(folder) = File::open(parent) {
+        let _ = folder.sync_all();
+    }
 }
 
 // The refusals name the rule that failed, in the peer's words.
