@@ -501,6 +501,11 @@ def test_task_is_frozen_and_to_dict_hides_the_hash(ledger: Ledger) -> None:
     assert HASH not in repr(d)
     assert task.to_dict(include_payload_hash=True)["payload_hash"] == HASH
     assert isinstance(task, Task)
+    # Every field, in the dataclass's order, the hash swapped in place;
+    # statuses as plain text, for JSON.
+    names = [f.name for f in dataclasses.fields(Task)]
+    assert list(d) == [n if n != "payload_hash" else "has_payload_hash" for n in names]
+    assert type(d["status"]) is str and type(d["delivery_status"]) is str
 
 
 def test_payload_fingerprint() -> None:

@@ -153,7 +153,7 @@ class LedgerCore:
         worker: object = None,
         attempt: object = None,
     ) -> Task:
-        """block / escalate / requeue / cancel from the current status."""
+        """block / escalate / requeue from the current status."""
     def grant(self, task_id: object, *, calls: object, tokens: object, cost_micros: object) -> Task:
         """Raise a task's limits."""
     def charge(

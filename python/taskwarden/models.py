@@ -86,35 +86,14 @@ class Task:
         The payload hash is left out (``has_payload_hash`` says whether there
         is one) unless ``include_payload_hash=True``.
         """
-        out: dict[str, Any] = {
-            "id": self.id,
-            "parent_id": self.parent_id,
-            "status": self.status.value,
-            "delivery_status": self.delivery_status.value,
-            "delivery_required": self.delivery_required,
-            "has_payload_hash": self.payload_hash is not None,
-            "timeout_seconds": self.timeout_seconds,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "updated_at": self.updated_at,
-            "ended_at": self.ended_at,
-            "deadline_at": self.deadline_at,
-            "delivery_updated_at": self.delivery_updated_at,
-            "terminal_code": self.terminal_code,
-            "delivery_code": self.delivery_code,
-            "version": self.version,
-            "tenant": self.tenant,
-            "owner": self.owner,
-            "park_code": self.park_code,
-            "attempt_count": self.attempt_count,
-            "max_attempts": self.max_attempts,
-            "llm_calls_used": self.llm_calls_used,
-            "llm_calls_budget": self.llm_calls_budget,
-            "tokens_used": self.tokens_used,
-            "token_budget": self.token_budget,
-            "cost_used_micros": self.cost_used_micros,
-            "cost_budget_micros": self.cost_budget_micros,
-        }
+        # Every field in order, so a new one reaches the CLI's JSON too;
+        # only the hash itself is swapped for whether there is one.
+        out: dict[str, Any] = {}
+        for name, value in _plain(self).items():
+            if name == "payload_hash":
+                out["has_payload_hash"] = value is not None
+            else:
+                out[name] = value
         if include_payload_hash:
             out["payload_hash"] = self.payload_hash
         return out
@@ -154,7 +133,7 @@ class Charge:
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as plain JSON-ready values."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return _plain(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +161,7 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain JSON-ready values."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return _plain(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +176,14 @@ class ReconcilePolicy:
 
         for name in ("active_grace_seconds", "delivery_grace_seconds"):
             object.__setattr__(self, name, non_negative_seconds(getattr(self, name), name))
+
+
+def _plain(record: Any) -> dict[str, Any]:
+    """A dataclass's fields in order, a status as its plain text."""
+    return {
+        name: value.value if isinstance(value := getattr(record, name), StrEnum) else value
+        for name in record.__dataclass_fields__
+    }
 
 
 def _layout_twin(cls: type) -> type:

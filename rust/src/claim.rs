@@ -124,7 +124,8 @@ fn queue_sql(by_tenant: bool) -> String {
 }
 
 /// The owner gives a running task back: it is queued again, or escalated
-/// (`attempts_exhausted`) once it has been claimed `max_attempts` times.
+/// (`attempts_exhausted`) once it has been started `max_attempts` times
+/// (every move into running counts: claims, `start_task`, transitions).
 /// With `attempt`, a worker name reused by an older claim is fenced too.
 pub fn release(
     tx: &Transaction<'_>,

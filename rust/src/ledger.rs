@@ -573,8 +573,10 @@ impl LedgerCore {
         use convert::{named, STATUS_RULE};
         let expected = named(convert::task_status(expected), "expected", STATUS_RULE)?;
         let to = named(convert::task_status(to), "to", STATUS_RULE)?;
-        // As in close_task, a code for a terminal status is judged only when
-        // written, so the same terminal status again ignores it (SPEC 2.2.1).
+        // A code must be text here (close_task keeps the peer's leniency for
+        // one that is not). As in close_task, whether a code fits a terminal
+        // status is judged only when written, so the same terminal status
+        // again ignores it (SPEC 2.2.1).
         let code = convert::opt_text(code, validate::BAD_CODE_FORMAT)?;
         tasks::check_code_ahead(to, code.as_deref())?;
         let fence = fence(worker, attempt)?;
@@ -583,8 +585,9 @@ impl LedgerCore {
         })
     }
 
-    /// block, escalate, requeue and cancel: a move into `to` from whatever
-    /// the task is now, judged by the table.
+    /// block, escalate and requeue: a move into `to` from whatever the task
+    /// is now, judged by the table (`cancel` is its own call: it writes
+    /// `caller_cancelled` and, with `subtree`, cancels the tasks below).
     #[pyo3(signature = (task_id, to, *, code=None, worker=None, attempt=None))]
     fn move_to<'py>(
         &self,

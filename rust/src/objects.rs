@@ -3,12 +3,11 @@
 //!
 //! `Task` and `Charge` are frozen, slotted dataclasses. Their generated
 //! `__init__` sets each field through `object.__setattr__`, which made
-//! building a task cost a quarter of a batched claim. The core instead
+//! building the tasks a large part of a batched claim. The core instead
 //! calls each class's mutable layout twin (`_TaskRecord`, `_ChargeRecord`:
 //! the same slots, a plain `__init__`) and retypes the result: the same
-//! instance a `Task(...)` call makes, at a seventh of the cost. Callgrind,
-//! per claim in batches of 64: 116k instructions with `Task(...)` in
-//! Python, 74k so.
+//! instance a `Task(...)` call makes, for less. Callgrind, per claim in
+//! batches of 64: 116k instructions with `Task(...)` in Python, 74k so.
 
 use pyo3::intern;
 use pyo3::prelude::*;
