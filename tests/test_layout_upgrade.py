@@ -13,7 +13,13 @@ Two files, each written through the public API by the build of its time:
   0c69365, whose events named their task by its id), eleven tasks: a tree
   under a budgeted root, tenants, a charge, a budget escalation, a block and
   a grant, a release and a second claim, a cancellation, a delivery, and
-  two running tasks timed out by reconcile.
+  two running tasks timed out by reconcile;
+- ``data/third_layout_v3.db``: the third layout (builds up to commit
+  9ea011b, which had no index of the tasks in creation order), ten tasks:
+  a tree under a budgeted root whose calls ran out (an escalation, then a
+  grant), three tenants, a release and a second claim, a success with its
+  delivery, a block, a cancellation, a failure, and two running tasks timed
+  out by reconcile. Its upgrade only adds the index.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import pytest
 from taskwarden import Ledger, TaskStatus
 from taskwarden.errors import StateConflict
 
-from .conftest import FrozenClock, as_second_layout, logical_dump, run_cli
+from .conftest import FrozenClock, as_second_layout, as_third_layout, logical_dump, run_cli
 
 DATA = Path(__file__).parent / "data"
 # Each file, its fingerprint, and how many of its tasks are queued and in all.
@@ -50,6 +56,12 @@ FIXTURES = {
         "1609c2b5a35dfe830f0f24024f897dcf721bfeee0fc8c3e4bb032f332e545d52",
         4,
         11,
+    ),
+    "third_layout": (
+        DATA / "third_layout_v3.db",
+        "ba72042b962ea0b717bb5abcba3bf3c99df2063d549ba9ceba3cd77f4c96c626",
+        3,
+        10,
     ),
 }
 SCHEMA_SQL = (
@@ -167,7 +179,7 @@ FIRST_OPEN = Path(__file__).parent / "reliability" / "_first_open.py"
 def test_processes_opening_an_earlier_layout_at_once_upgrade_it_once(
     tmp_path: Path, fresh: Path
 ) -> None:
-    """Four fresh processes open each of four earlier-layout files at once,
+    """Four fresh processes open each of six earlier-layout files at once,
     each creating a task: every open succeeds, the file ends in the current
     layout with every task, and doctor is healthy."""
     directory = tmp_path / "race"
@@ -191,7 +203,7 @@ def test_processes_opening_an_earlier_layout_at_once_upgrade_it_once(
     outputs = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0] * 4, outputs[0][1][-2000:]
     results = [json.loads(line) for out, _ in outputs for line in out.decode().splitlines()]
-    assert [r["outcome"] for r in results] == ["ok"] * 16
+    assert [r["outcome"] for r in results] == ["ok"] * (4 * len(paths))
     for path, (_, _, _, tasks) in zip(paths, [*FIXTURES.values()] * 2, strict=True):
         assert query(path, SCHEMA_SQL) == query(fresh, SCHEMA_SQL)
         with Ledger(path) as ledger:
@@ -224,7 +236,7 @@ def test_an_open_that_may_not_migrate_refuses_an_earlier_layout(earlier: Path) -
     assert disk_state(earlier) == before
 
 
-def test_reading_commands_read_an_earlier_layout_as_it_is(earlier: Path) -> None:
+def test_reading_commands_read_an_earlier_layout_as_it_is(earlier: Path, fresh: Path) -> None:
     """`list` and `doctor` never migrate (so an older build can still open the
     file): they read a private copy; a writing command upgrades it."""
     _, _, _, tasks = fixture_of(earlier)
@@ -236,7 +248,7 @@ def test_reading_commands_read_an_earlier_layout_as_it_is(earlier: Path) -> None
     assert disk_state(earlier) == before
     code, out, _ = run_cli("--db", str(earlier), "create")
     assert code == 0 and out["task"]["status"] == "queued"
-    assert "task_no" in query(earlier, "SELECT sql FROM sqlite_master WHERE name = 'tasks'")[0][0]
+    assert query(earlier, SCHEMA_SQL) == query(fresh, SCHEMA_SQL)
 
 
 def build_ledger(path: Path, clock: FrozenClock) -> None:
@@ -255,28 +267,33 @@ def build_ledger(path: Path, clock: FrozenClock) -> None:
         ledger.create_task()
 
 
-def test_the_helpers_second_layout_file_has_the_fixtures_schema(
-    db_path: Path, tmp_path: Path
+AS_LAYOUT = {"second_layout": as_second_layout, "third_layout": as_third_layout}
+
+
+@pytest.mark.parametrize("layout", sorted(AS_LAYOUT))
+def test_the_helpers_layout_file_has_the_fixtures_schema(
+    db_path: Path, tmp_path: Path, layout: str
 ) -> None:
     build_ledger(db_path, FrozenClock(1_800_000_000.0))
-    as_second_layout(db_path)
+    AS_LAYOUT[layout](db_path)
     # A copy: even a read-only open of a WAL-mode file writes its `-shm`,
     # and the fixture lives in the source tree.
-    fixture = shutil.copyfile(FIXTURES["second_layout"][0], tmp_path / "fixture.db")
+    fixture = shutil.copyfile(FIXTURES[layout][0], tmp_path / "fixture.db")
     assert query(db_path, SCHEMA_SQL) == query(fixture, SCHEMA_SQL)
     with Ledger(db_path, read_only=True) as ledger:
         assert ledger.doctor()["schema_version"] == 3
 
 
-def test_an_earlier_layout_reconciles_as_its_current_twin(tmp_path: Path) -> None:
-    """The same ledger, one copy rewritten in the second layout: opened,
+@pytest.mark.parametrize("layout", sorted(AS_LAYOUT))
+def test_an_earlier_layout_reconciles_as_its_current_twin(tmp_path: Path, layout: str) -> None:
+    """The same ledger, one copy rewritten in an earlier layout: opened,
     reconciled and worked on alike, the two files end with the same content."""
     directory = tmp_path / "twins"
     directory.mkdir(mode=0o700)
-    current, second = directory / "current.db", directory / "second.db"
+    current, second = directory / "current.db", directory / "earlier.db"
     build_ledger(current, FrozenClock(1_800_000_000.0))
     shutil.copyfile(current, second)
-    as_second_layout(second)
+    AS_LAYOUT[layout](second)
     reports = []
     for path in (current, second):
         clock = FrozenClock(1_800_010_000.0)

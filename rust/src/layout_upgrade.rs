@@ -1,9 +1,11 @@
 //! Brings a file of an earlier v3 layout to the current one.
 //!
-//! The current layout changed how an event names its task (by number, see
-//! `schema::DDL`), so both tables are rebuilt, whichever of the two earlier
-//! layouts (the first, whose CHECKs listed values with `IN`, or the second)
-//! the file has. It is a change of layout, not of meaning:
+//! A file of the third layout lacks only the index of the tasks in
+//! creation order, which is built in place. The third layout changed how
+//! an event names its task (by number, see `schema::DDL`), so a file of the
+//! first two (the first, whose CHECKs listed values with `IN`, or the
+//! second) has both tables rebuilt. It is a change of layout, not of
+//! meaning:
 //! every row is copied as it stands, damage too (a value its CHECKs refuse,
 //! an event whose task is missing), so doctor counts on the new file what
 //! it counted on the old. A task keeps its rowid as its number, and so the
@@ -44,13 +46,27 @@ const EVENT_COLUMNS: [&str; 11] = [
     "event_hash",
 ];
 
-/// Rebuilds an earlier layout's tables as the current ones inside `tx`.
+/// What an upgrade did to the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upgrade {
+    /// Both tables were rebuilt: the old ones' pages are free.
+    Rebuilt,
+    /// Only an index was added.
+    Indexed,
+}
+
+/// Brings an earlier layout's tables to the current ones inside `tx`.
 /// The caller must have turned foreign keys off (SQLite cannot do that
 /// inside a transaction).
-pub fn migrate(tx: &Transaction<'_>) -> Result<()> {
+pub fn migrate(tx: &Transaction<'_>) -> Result<Upgrade> {
+    if schema::fingerprint(tx)? == schema::THIRD_LAYOUT_FINGERPRINT {
+        schema::add_creation_order_index(tx)?;
+        return Ok(Upgrade::Indexed);
+    }
     // The rows are copied as they are, so a row that breaks a CHECK is
     // carried for doctor to count, not refused.
-    checks::without_checks(tx, || schema::rebuild(tx, &INDEXES, copy_rows))
+    checks::without_checks(tx, || schema::rebuild(tx, &INDEXES, copy_rows))?;
+    Ok(Upgrade::Rebuilt)
 }
 
 fn copy_rows(tx: &Transaction<'_>) -> Result<()> {
@@ -77,7 +93,7 @@ fn copy_rows(tx: &Transaction<'_>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::migrate;
+    use super::{migrate, Upgrade};
     use crate::errors::Result;
     use crate::schema::{inspect, test_support, Found};
 
@@ -86,9 +102,9 @@ mod tests {
     /// number, an event whose task is missing names none that exists, and a
     /// row its CHECKs refuse is kept.
     #[test]
-    fn both_earlier_layouts_are_rebuilt_keeping_every_row() -> Result<()> {
-        for first_layout in [true, false] {
-            let mut conn = test_support::earlier_layout(first_layout)?;
+    fn the_first_two_layouts_are_rebuilt_keeping_every_row() -> Result<()> {
+        for layout in [1, 2] {
+            let mut conn = test_support::earlier_layout(layout)?;
             // Off for the orphan event, and as the caller of `migrate` has it.
             conn.pragma_update(None, "foreign_keys", false)?;
             conn.execute_batch(
@@ -106,7 +122,7 @@ mod tests {
                  PRAGMA ignore_check_constraints = OFF;",
             )?;
             let tx = conn.transaction()?;
-            migrate(&tx)?;
+            assert_eq!(migrate(&tx)?, Upgrade::Rebuilt);
             tx.commit()?;
             assert_eq!(inspect(&conn)?, Found::Current);
             let tasks: Vec<(i64, String, String)> = conn
@@ -129,6 +145,29 @@ mod tests {
                 conn.query_row("PRAGMA ignore_check_constraints", [], |r| r.get(0))?;
             assert_eq!(checks, 0, "the CHECKs hold again after the copy");
         }
+        Ok(())
+    }
+
+    /// A file of the third layout gets the index it lacks and nothing else:
+    /// every row stays where it is, and the file is the current layout.
+    #[test]
+    fn the_third_layout_gets_its_index_in_place() -> Result<()> {
+        let mut conn = test_support::earlier_layout(3)?;
+        conn.execute_batch(
+            "INSERT INTO tasks (task_no, id, status, delivery_status, delivery_required,
+                 created_at, updated_at, ended_at, delivery_updated_at, event_head)
+             VALUES (4, 'b', 'queued', 'pending', 1, 2.0, 2.0, NULL, 2.0, zeroblob(32)),
+                    (7, 'a', 'succeeded', 'pending', 1, 1.0, 1.0, 1.0, 1.0, zeroblob(32));",
+        )?;
+        let tx = conn.transaction()?;
+        assert_eq!(migrate(&tx)?, Upgrade::Indexed);
+        tx.commit()?;
+        assert_eq!(inspect(&conn)?, Found::Current);
+        let ordered: Vec<(i64, String)> = conn
+            .prepare("SELECT task_no, id FROM tasks INDEXED BY tasks_created_idx ORDER BY created_at, id")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        assert_eq!(ordered, [(7, "a".into()), (4, "b".into())]);
         Ok(())
     }
 }

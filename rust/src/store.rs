@@ -18,7 +18,7 @@ use crate::errors::{Error, Result};
 use crate::events;
 use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
-use crate::layout_upgrade;
+use crate::layout_upgrade::{self, Upgrade};
 use crate::reconcile;
 use crate::schema::{self, DamagedRows, Earlier, Found};
 use crate::sidecar_loss::{self, Loss};
@@ -597,7 +597,7 @@ impl Store {
         let refusal = match self.migrate(Gate::DoctorClean) {
             Err(Error::Conflict(why) | Error::Storage(why)) => why,
             Err(Error::Corrupt) => crate::errors::CORRUPT_TEXT,
-            other => return other,
+            other => return other.map(|_| ()),
         };
         if let Backing::ReadOnly { legacy_refusal, .. } = &mut self.backing {
             *legacy_refusal = Some(refusal);
@@ -738,7 +738,9 @@ impl Store {
     }
 
     fn migrate_and_compact(&mut self) -> Result<()> {
-        self.migrate(Gate::DoctorClean)?;
+        if !self.migrate(Gate::DoctorClean)? {
+            return Ok(());
+        }
         // The old tables' pages are free now; give them back so the file
         // holds no more pages than a fresh v3 ledger of the same tasks (and
         // stays under the read-only snapshot cap longer). Only an
@@ -751,7 +753,9 @@ impl Store {
         }
     }
 
-    fn migrate(&mut self, gate: Gate) -> Result<()> {
+    /// Brings the file to the current schema; whether its tables were
+    /// rebuilt (and so left pages free).
+    fn migrate(&mut self, gate: Gate) -> Result<bool> {
         // Foreign keys cannot be switched inside a transaction, and the
         // table rebuild must not cascade; they are checked before commit.
         self.conn.pragma_update(None, "foreign_keys", false)?;
@@ -765,22 +769,26 @@ impl Store {
             match schema::inspect(tx)? {
                 // An earlier layout is taskwarden's own: its rows are
                 // carried as they are, for doctor to judge as before.
-                Found::Earlier(Earlier::Layout) => layout_upgrade::migrate(tx),
+                Found::Earlier(Earlier::Layout) => {
+                    Ok(layout_upgrade::migrate(tx)? == Upgrade::Rebuilt)
+                }
                 Found::Earlier(Earlier::Peer(_)) => match gate {
-                    Gate::CarryDamaged => schema::migrate_peer(tx, DamagedRows::Carry),
+                    Gate::CarryDamaged => {
+                        schema::migrate_peer(tx, DamagedRows::Carry).map(|()| true)
+                    }
                     Gate::DoctorClean => {
                         schema::migrate_peer(tx, DamagedRows::Refuse)?;
                         // Before commit, every check doctor makes: a peer file
                         // with rows taskwarden would never write (free text, a
                         // bad id, a broken invariant) stays the peer's.
                         if doctor::check(tx).logically_sound() {
-                            Ok(())
+                            Ok(true)
                         } else {
                             Err(Error::Conflict("legacy database failed validation"))
                         }
                     }
                 },
-                Found::Current => Ok(()),
+                Found::Current => Ok(false),
                 Found::Empty => Err(Error::Conflict("schema changed while opening")),
             }
         });

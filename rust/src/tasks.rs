@@ -897,9 +897,19 @@ pub fn list(tx: &Transaction<'_>, q: &ListQuery) -> Result<Vec<TaskRow>> {
 /// so every page scanned and sorted the whole table. A status is written
 /// as its literal (one of a fixed few, never caller text), so SQLite can
 /// use the partial index made for it: the queue's, the running tasks'.
+/// Any other page reads the tasks' creation order from its cursor on,
+/// but a parent's children, read through the parent's index and sorted.
 /// The keyset cursor is a row value, a range on (created_at, id).
 fn list_sql(q: &ListQuery, after: bool) -> String {
     let status = q.status.map(|s| format!("status = '{}'", s.as_str()));
+    // Running tasks are few and the newest: walking the creation order to
+    // them would pass every closed task first. Their own index, sorted, is
+    // bounded by how many run at once.
+    let index = if q.status == Some(TaskStatus::Running) {
+        "INDEXED BY tasks_running_idx"
+    } else {
+        ""
+    };
     let terms: Vec<String> = [
         status,
         q.tenant.as_ref().map(|_| "tenant = :tenant".to_owned()),
@@ -917,7 +927,7 @@ fn list_sql(q: &ListQuery, after: bool) -> String {
     } else {
         format!("WHERE {}", terms.join(" AND "))
     };
-    format!("SELECT {COLUMNS} FROM tasks {filter} ORDER BY created_at, id LIMIT :limit")
+    format!("SELECT {COLUMNS} FROM tasks {index} {filter} ORDER BY created_at, id LIMIT :limit")
 }
 
 /// A task's ancestors, nearest first. A cycle (only possible in a tampered
@@ -957,9 +967,9 @@ mod tests {
     }
 
     /// A page reads from an index wherever one fits the filters instead
-    /// of scanning the whole table: the queue's from its cursor on; the
-    /// running tasks' and a parent's children (indexes in another order)
-    /// all of their entries, sorted.
+    /// of scanning the whole table: the queue's and the creation order's
+    /// from the cursor on; the running tasks' and a parent's children
+    /// (indexes in another order) all of their entries, sorted.
     #[test]
     fn list_pages_read_the_index_that_fits() -> crate::errors::Result<()> {
         let queued = query(Some(TaskStatus::Queued), false, false);
@@ -984,6 +994,17 @@ mod tests {
             running.starts_with("SCAN tasks USING INDEX tasks_running_idx"),
             "{running}"
         );
+        for other in [
+            query(None, false, false),
+            query(None, true, false),
+            query(Some(TaskStatus::Succeeded), false, false),
+            query(Some(TaskStatus::Escalated), true, false),
+        ] {
+            assert_eq!(
+                plan(&list_sql(&other, true))?,
+                "SEARCH tasks USING INDEX tasks_created_idx ((created_at,id)>(?,?))"
+            );
+        }
         Ok(())
     }
 }
