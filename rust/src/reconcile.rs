@@ -106,11 +106,24 @@ fn count(tx: &Transaction<'_>, sql: &str, params: &[(&str, &dyn rusqlite::ToSql)
 
 /// Tasks of one status, counted through its partial index.
 fn status_count(tx: &Transaction<'_>, status: &str, tenant: Option<&str>) -> Result<i64> {
-    count(
-        tx,
-        &format!("SELECT count(*) FROM tasks WHERE status = '{status}' AND {TENANT}"),
-        named_params! {":tenant": tenant},
-    )
+    let sql = status_count_sql(status, tenant.is_some());
+    match tenant {
+        Some(tenant) => count(tx, &sql, named_params! {":tenant": tenant}),
+        None => count(tx, &sql, &[]),
+    }
+}
+
+/// With a tenant, its own term, never the catch-all [`TENANT`]: the plan is
+/// fixed before the value is bound, and the catch-all read every tenant's
+/// queue where one tenant's queue index holds just its own (a pass for one
+/// tenant of 10,000 counted all 300,000 open tasks).
+fn status_count_sql(status: &str, by_tenant: bool) -> String {
+    let tenant = if by_tenant {
+        " AND tenant = :tenant"
+    } else {
+        ""
+    };
+    format!("SELECT count(*) FROM tasks WHERE status = '{status}'{tenant}")
 }
 
 /// Queued plus running tasks (the peer's "active").
@@ -530,8 +543,8 @@ fn update_rows(
 mod tests {
     use super::{
         cutoffs, expire_deliveries, expiry_update, in_one_scan, one_scan_update,
-        register_sql_function, running_tasks, time_out, timeout_update, Policy, EXPIRED, SCAN,
-        TIMED_OUT,
+        register_sql_function, running_tasks, status_count_sql, time_out, timeout_update, Policy,
+        EXPIRED, SCAN, TIMED_OUT,
     };
     use crate::checks::without_checks;
     use crate::schema::test_support::plan;
@@ -774,6 +787,21 @@ mod tests {
                 tx.query_row("PRAGMA ignore_check_constraints", [], |r| r.get(0))?;
             assert!(!ignoring);
         }
+        Ok(())
+    }
+
+    /// A pass for one tenant counts its queue through that tenant's own
+    /// queue index, and every queue through the whole queue's.
+    #[test]
+    fn a_tenants_queue_is_counted_through_its_own_index() -> crate::errors::Result<()> {
+        assert_eq!(
+            plan(&status_count_sql("queued", true))?,
+            "SEARCH tasks USING COVERING INDEX tasks_tenant_queue_idx (tenant=?)"
+        );
+        assert_eq!(
+            plan(&status_count_sql("queued", false))?,
+            "SCAN tasks USING COVERING INDEX tasks_queue_idx"
+        );
         Ok(())
     }
 }
