@@ -379,6 +379,24 @@ def test_storage_info_has_the_peer_keys(ledger: Ledger) -> None:
     assert info["permission_model"] == "posix_mode"
 
 
+def test_storage_info_gives_the_file_and_wal_sizes_without_counting(db_path: Path) -> None:
+    """What a supervisor watching the WAL polls: the sizes `stats()` gives,
+    from two file sizes, not a count of every task."""
+    with Ledger(db_path) as ledger:
+        ledger.create_task()
+        info, stats = ledger.storage_info(), ledger.stats()
+        wal = Path(f"{db_path}-wal")
+        assert (info["file_bytes"], info["wal_bytes"]) == (
+            db_path.stat().st_size,
+            wal.stat().st_size,
+        )
+        assert info["wal_bytes"] > 0
+        assert (info["file_bytes"], info["wal_bytes"]) == (stats["file_bytes"], stats["wal_bytes"])
+    with Ledger.in_memory() as mem:
+        info = mem.storage_info()
+        assert (info["file_bytes"], info["wal_bytes"]) == (None, None)
+
+
 def test_read_only_open_requires_an_existing_private_file(tmp_path: Path) -> None:
     missing = tmp_path / "missing.db"
     with pytest.raises(InvalidInput):

@@ -567,5 +567,7 @@ class Ledger:
         return dict(self._core.doctor())
 
     def storage_info(self) -> dict[str, Any]:
-        """Journal mode, busy timeout, foreign keys, permission model, durability."""
+        """Journal mode, busy timeout, foreign keys, permission model,
+        durability, and the bytes of the file and its WAL (``None`` in
+        memory): cheap enough to poll, where ``stats()`` counts every task."""
         return dict(self._core.storage_info())

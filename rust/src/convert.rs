@@ -255,6 +255,8 @@ pub fn storage_dict<'py>(py: Python<'py>, info: &StorageInfo) -> PyResult<Bound<
     d.set_item("permission_model", info.permission_model)?;
     d.set_item("durability", info.durability)?;
     d.set_item("synchronous", info.synchronous)?;
+    d.set_item("file_bytes", info.sizes.map(|(f, _)| f))?;
+    d.set_item("wal_bytes", info.sizes.map(|(_, w)| w))?;
     Ok(d)
 }
 

@@ -351,6 +351,10 @@ pub struct StorageInfo {
     pub durability: &'static str,
     /// The `synchronous` level SQLite reports: "normal", "full" or another.
     pub synchronous: &'static str,
+    /// Bytes of the file and of its WAL (`None` in memory), as `stats`
+    /// gives them, without counting a single task: a supervisor that
+    /// watches the WAL grow polls this.
+    pub sizes: Option<(u64, u64)>,
 }
 
 impl Store {
@@ -1308,6 +1312,7 @@ impl Store {
                 2 => "full",
                 _ => "extra",
             },
+            sizes: self.file_sizes(),
         })
     }
 }
