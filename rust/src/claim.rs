@@ -145,25 +145,8 @@ pub fn release(
     }
     .check(&task)?;
     let now = clock()?;
-    if task.attempt_count >= task.max_attempts {
-        tasks::transition(
-            tx,
-            &task,
-            TaskStatus::Escalated,
-            Some("attempts_exhausted"),
-            Some(worker),
-            now,
-        )
-    } else {
-        tasks::transition(
-            tx,
-            &task,
-            TaskStatus::Queued,
-            Some("released"),
-            Some(worker),
-            now,
-        )
-    }
+    let (to, code) = task.release_target();
+    tasks::transition(tx, &task, to, Some(code), Some(worker), now)
 }
 
 #[cfg(test)]

@@ -277,6 +277,19 @@ impl TaskRow {
 }
 
 impl TaskRow {
+    /// Where a release (`running -> queued`, by `release` or `transition`)
+    /// takes this task, and its code: back to the queue, or, once it has
+    /// been started `max_attempts` times, escalated instead (SPEC 3), or a
+    /// worker could loop a task for ever.
+    #[must_use]
+    pub fn release_target(&self) -> (TaskStatus, &'static str) {
+        if self.attempt_count >= self.max_attempts {
+            (TaskStatus::Escalated, "attempts_exhausted")
+        } else {
+            (TaskStatus::Queued, "released")
+        }
+    }
+
     /// The version a write of this row stores. A stored `i64::MAX` can only
     /// be damage, so it is the same conflict as any other bad row.
     pub fn next_version(&self) -> Result<i64> {

@@ -706,15 +706,13 @@ pub fn compare_and_set(
     } else {
         fence.check(&task)?;
     }
-    let (to, code) = if task.status == TaskStatus::Running
-        && to == TaskStatus::Queued
-        && task.attempt_count >= task.max_attempts
-    {
-        // This edge is a release (SPEC 3), and a release whose attempts are
-        // used up escalates instead, or a worker could loop a task for ever.
-        (TaskStatus::Escalated, Some("attempts_exhausted".to_owned()))
-    } else {
-        (to, code)
+    let is_release = task.status == TaskStatus::Running && to == TaskStatus::Queued;
+    let (to, code) = match task.release_target() {
+        // This edge is a release, which escalates once attempts are used up.
+        (escalated @ TaskStatus::Escalated, exhausted) if is_release => {
+            (escalated, Some(exhausted.to_owned()))
+        }
+        _ => (to, code),
     };
     transition(
         tx,
