@@ -359,11 +359,13 @@ def test_each_folder_a_new_ledger_makes_is_synced_into_its_parent(tmp_path: Path
     assert trace.returncode == 0, trace.stderr[-2000:]
     made: list[str] = []
     synced_after: dict[str, set[str]] = {}
+    # Matched without their results: a call another thread interrupts is
+    # printed "<unfinished ...>", its result on a later line.
     for line in trace.stderr.splitlines():
-        if (found := re.search(r'mkdir\("([^"]+)", 0700\) += 0', line)) is not None:
+        if (found := re.search(r'mkdir\("([^"]+)", 0700', line)) is not None:
             made.append(found.group(1))
             synced_after[found.group(1)] = set()
-        elif (found := re.search(r"fsync\(\d+<([^>]+)>\) += 0", line)) is not None:
+        elif (found := re.search(r"fsync\(\d+<([^>]+)>", line)) is not None:
             for folder in made:
                 synced_after[folder].add(found.group(1))
     assert made == [str(tmp_path / "a"), str(tmp_path / "a" / "b"), str(db.parent)]
