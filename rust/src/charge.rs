@@ -59,39 +59,61 @@ pub fn charge(
         Ok(Err(dim)) => Some((*dim, node.id.clone())),
         _ => None,
     }) {
-        let now = clock()?;
-        if now < task.latest_timestamp() {
-            // Time only moves forward, so a clock behind the task's stored
-            // times (a step back, another host) may not date the escalation.
-            // A charge never raises for state: it is refused and nothing
-            // changes; the first charge past the limit once the clock has
-            // caught up escalates.
-            return Ok(Outcome {
-                allowed: false,
-                escalated: false,
-                exhausted: Some(stop),
-                task,
-            });
-        }
-        let parked = tasks::transition(
-            tx,
-            &task,
-            TaskStatus::Escalated,
-            Some("budget_exhausted"),
-            fence.worker.as_deref(),
-            now,
-        )?;
-        return Ok(Outcome {
-            allowed: false,
-            escalated: true,
-            exhausted: Some(stop),
-            task: parked,
-        });
+        return escalate(tx, task, stop, fence, clock);
     }
     let mut grown = Vec::with_capacity(chain.len());
     for judgement in judged {
         grown.push(judgement?.map_err(|_| Error::Internal("a passed limit was missed"))?);
     }
+    Ok(Outcome {
+        allowed: true,
+        escalated: false,
+        exhausted: None,
+        task: add_to_chain(tx, &chain, grown)?,
+    })
+}
+
+/// A charge that would pass `stop` (a dimension and the task whose limit
+/// it is): nothing is charged, and the task is force-escalated.
+fn escalate(
+    tx: &Transaction<'_>,
+    task: TaskRow,
+    stop: (Dimension, String),
+    fence: &Fence,
+    clock: Clock<'_>,
+) -> Result<Outcome> {
+    let now = clock()?;
+    if now < task.latest_timestamp() {
+        // Time only moves forward, so a clock behind the task's stored
+        // times (a step back, another host) may not date the escalation.
+        // A charge never raises for state: it is refused and nothing
+        // changes; the first charge past the limit once the clock has
+        // caught up escalates.
+        return Ok(Outcome {
+            allowed: false,
+            escalated: false,
+            exhausted: Some(stop),
+            task,
+        });
+    }
+    let parked = tasks::transition(
+        tx,
+        &task,
+        TaskStatus::Escalated,
+        Some("budget_exhausted"),
+        fence.worker.as_deref(),
+        now,
+    )?;
+    Ok(Outcome {
+        allowed: false,
+        escalated: true,
+        exhausted: Some(stop),
+        task: parked,
+    })
+}
+
+/// Stores each node's grown usage, the charged task first; returns it.
+fn add_to_chain(tx: &Transaction<'_>, chain: &[TaskRow], grown: Vec<Usage>) -> Result<TaskRow> {
     let mut charged = None;
     for (node, usage) in chain.iter().zip(grown) {
         let mut next = node.clone();
@@ -100,13 +122,7 @@ pub fn charge(
         tasks::save(tx, node, &next, Columns::Budget)?;
         charged.get_or_insert(next);
     }
-    let task = charged.ok_or(Error::Internal("empty charge chain"))?;
-    Ok(Outcome {
-        allowed: true,
-        escalated: false,
-        exhausted: None,
-        task,
-    })
+    charged.ok_or(Error::Internal("empty charge chain"))
 }
 
 /// The same figures without charging: `allowed` says whether a one-call
