@@ -1109,12 +1109,15 @@ def _system_checks(path: Path) -> tuple[list[Any], list[Any]]:
         )
 
 
-@pytest.mark.parametrize("index", ["tasks_queue_idx", "tasks_tenant_queue_idx"])
+@pytest.mark.parametrize(
+    "index", ["tasks_queue_idx", "tasks_tenant_queue_idx", "tasks_created_idx"]
+)
 def test_an_index_entry_that_disagrees_with_its_row_is_unhealthy(copy: Path, index: str) -> None:
-    """One byte of one key inside a partial index changes (the id that breaks
-    ties between equal creation times, so the index stays in order). SQLite's
+    """One byte of one key inside an index changes (the id that breaks ties
+    between equal creation times, so the index stays in order). SQLite's
     ``quick_check`` cannot see it; a lying queue index can hide a queued task
-    from ``claim_next``, so doctor must."""
+    from ``claim_next``, a lying creation order lists a task that does not
+    exist, so doctor must."""
     with contextlib.closing(sqlite3.connect(copy)) as conn:
         page_size = conn.execute("PRAGMA page_size").fetchone()[0]
         root = conn.execute(

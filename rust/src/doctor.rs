@@ -298,8 +298,8 @@ fn scan(tx: &Transaction<'_>, report: &mut Report) -> Result<()> {
     }
     report.foreign_key_error_count += report.orphan_count;
     cross_check_indexes(tx, report, stream_tasks)?;
-    // With every row decoded, each partial index must hold exactly the
-    // entries those rows call for (else a row was already counted).
+    // With every row decoded, each index must hold exactly the entries
+    // those rows call for (else a row was already counted).
     if all_decoded && !expected_indexes.matches_indexes(tx)? {
         report.state_inconsistency_count += 1;
     }
