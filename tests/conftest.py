@@ -194,9 +194,12 @@ def logical_columns(conn: sqlite3.Connection, table: str) -> str:
 
 # The second layout's fingerprint, and what the third changed in its DDL.
 SECOND_LAYOUT_FINGERPRINT = "1609c2b5a35dfe830f0f24024f897dcf721bfeee0fc8c3e4bb032f332e545d52"
-# The third layout's: the current one only adds an index.
+# The third layout's: the current one adds an index and orders another.
 THIRD_LAYOUT_FINGERPRINT = "ba72042b962ea0b717bb5abcba3bf3c99df2063d549ba9ceba3cd77f4c96c626"
 CREATION_ORDER_INDEX = "tasks_created_idx"
+THIRD_LAYOUT_CHILDREN_INDEX = (
+    "CREATE INDEX tasks_parent_idx ON tasks(parent_id) WHERE parent_id IS NOT NULL"
+)
 SECOND_LAYOUT_SPELLINGS = [
     ("    task_no INTEGER PRIMARY KEY,\n    id TEXT UNIQUE,\n", "    id TEXT PRIMARY KEY,\n"),
     (
@@ -209,10 +212,12 @@ SECOND_LAYOUT_SPELLINGS = [
 
 def as_third_layout(path: Path) -> None:
     """Rewrites a closed ledger as the third layout wrote it: without the
-    index of the tasks in creation order."""
+    index of the tasks in creation order, with the children unordered."""
     with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
         conn.execute("BEGIN")
         conn.execute(f"DROP INDEX {CREATION_ORDER_INDEX}")
+        conn.execute("DROP INDEX tasks_parent_idx")
+        conn.execute(THIRD_LAYOUT_CHILDREN_INDEX)
         conn.execute(
             "UPDATE schema_meta SET value = ? WHERE key = 'schema_fingerprint'",
             (THIRD_LAYOUT_FINGERPRINT,),
@@ -242,7 +247,8 @@ def as_second_layout(path: Path) -> None:
         conn.execute("BEGIN")
         for name in indexes:
             conn.execute(f"DROP INDEX {name}")
-        indexes.remove(CREATION_ORDER_INDEX)  # the third layout's addition
+        indexes.remove(CREATION_ORDER_INDEX)  # the current layout's addition
+        ddl["tasks_parent_idx"] = THIRD_LAYOUT_CHILDREN_INDEX  # and its reordering
         conn.execute("ALTER TABLE task_events RENAME TO current_events")
         conn.execute("ALTER TABLE tasks RENAME TO current_tasks")
         conn.execute(ddl["tasks"])

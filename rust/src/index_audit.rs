@@ -123,7 +123,7 @@ const TASK_INDEXES: [&str; 6] = [
      WHERE status = 'running'",
     "SELECT rowid, ended_at FROM tasks INDEXED BY tasks_pending_delivery_idx
      WHERE delivery_status = 'pending' AND ended_at IS NOT NULL",
-    "SELECT rowid, parent_id FROM tasks INDEXED BY tasks_parent_idx
+    "SELECT rowid, parent_id, created_at, id FROM tasks INDEXED BY tasks_parent_idx
      WHERE parent_id IS NOT NULL",
     // Every list page but a parent's or the running tasks' reads its ids
     // from here: a changed id in it lists a task that does not exist.
@@ -151,7 +151,7 @@ impl Expected {
             self.0[3].add(row.real(ended));
         }
         if let Some(parent) = &task.parent_id {
-            self.0[4].add(row.bytes(parent.as_bytes()));
+            self.0[4].add(row.bytes(parent.as_bytes()).real(task.created_at).bytes(id));
         }
         self.0[5].add(row.real(task.created_at).bytes(id));
     }

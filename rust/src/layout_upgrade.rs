@@ -1,7 +1,8 @@
 //! Brings a file of an earlier v3 layout to the current one.
 //!
 //! A file of the third layout lacks only the index of the tasks in
-//! creation order, which is built in place. The third layout changed how
+//! creation order and the children's order in its children index, which
+//! are built in place. The third layout changed how
 //! an event names its task (by number, see `schema::DDL`), so a file of the
 //! first two (the first, whose CHECKs listed values with `IN`, or the
 //! second) has both tables rebuilt. It is a change of layout, not of
@@ -51,7 +52,7 @@ const EVENT_COLUMNS: [&str; 11] = [
 pub enum Upgrade {
     /// Both tables were rebuilt: the old ones' pages are free.
     Rebuilt,
-    /// Only an index was added.
+    /// Only indexes were built.
     Indexed,
 }
 
@@ -60,7 +61,7 @@ pub enum Upgrade {
 /// inside a transaction).
 pub fn migrate(tx: &Transaction<'_>) -> Result<Upgrade> {
     if schema::fingerprint(tx)? == schema::THIRD_LAYOUT_FINGERPRINT {
-        schema::add_creation_order_index(tx)?;
+        schema::order_third_layout_indexes(tx)?;
         return Ok(Upgrade::Indexed);
     }
     // The rows are copied as they are, so a row that breaks a CHECK is
@@ -148,8 +149,9 @@ mod tests {
         Ok(())
     }
 
-    /// A file of the third layout gets the index it lacks and nothing else:
-    /// every row stays where it is, and the file is the current layout.
+    /// A file of the third layout gets the indexes it lacks and nothing
+    /// else: every row stays where it is, and the file is the current
+    /// layout.
     #[test]
     fn the_third_layout_gets_its_index_in_place() -> Result<()> {
         let mut conn = test_support::earlier_layout(3)?;

@@ -895,9 +895,9 @@ pub fn list(tx: &Transaction<'_>, q: &ListQuery) -> Result<Vec<TaskRow>> {
 /// so every page scanned and sorted the whole table. A status is written
 /// as its literal (one of a fixed few, never caller text), so SQLite can
 /// use the partial index made for it: the queue's, the running tasks'.
-/// Any other page reads the tasks' creation order from its cursor on,
-/// but a parent's children, read through the parent's index and sorted.
-/// The keyset cursor is a row value, a range on (created_at, id).
+/// Any other page reads the tasks' creation order (or a parent's children
+/// in theirs) from its cursor on. The keyset cursor is a row value, a
+/// range on (created_at, id).
 fn list_sql(q: &ListQuery, after: bool) -> String {
     let status = q.status.map(|s| format!("status = '{}'", s.as_str()));
     // Running tasks are few and the newest: walking the creation order to
@@ -965,9 +965,9 @@ mod tests {
     }
 
     /// A page reads from an index wherever one fits the filters instead
-    /// of scanning the whole table: the queue's and the creation order's
-    /// from the cursor on; the running tasks' and a parent's children
-    /// (indexes in another order) all of their entries, sorted.
+    /// of scanning the whole table: the queue's, a parent's children's and
+    /// the creation order's from the cursor on; the running tasks' (an
+    /// index in another order) all of their entries, sorted.
     #[test]
     fn list_pages_read_the_index_that_fits() -> crate::errors::Result<()> {
         let queued = query(Some(TaskStatus::Queued), false, false);
@@ -982,8 +982,10 @@ mod tests {
             ))?,
             "SEARCH tasks USING INDEX tasks_tenant_queue_idx (tenant=? AND (created_at,id)>(?,?))"
         );
-        assert!(plan(&list_sql(&query(None, false, true), true))?
-            .starts_with("SEARCH tasks USING INDEX tasks_parent_idx (parent_id=?)"));
+        assert_eq!(
+            plan(&list_sql(&query(None, false, true), true))?,
+            "SEARCH tasks USING INDEX tasks_parent_idx (parent_id=? AND (created_at,id)>(?,?))"
+        );
         let running = plan(&list_sql(
             &query(Some(TaskStatus::Running), false, false),
             false,
