@@ -138,8 +138,10 @@ impl Expected {
     pub fn add(&mut self, rowid: i64, task: &TaskRow) {
         let row = Digest::new(rowid);
         let id = task.id.as_bytes();
+        // The entry of the queue's and of the creation order's index alike.
+        let in_order = row.real(task.created_at).bytes(id);
         if task.status == TaskStatus::Queued {
-            self.0[0].add(row.real(task.created_at).bytes(id));
+            self.0[0].add(in_order);
             if let Some(tenant) = &task.tenant {
                 self.0[1].add(row.bytes(tenant.as_bytes()).real(task.created_at).bytes(id));
             }
@@ -153,7 +155,7 @@ impl Expected {
         if let Some(parent) = &task.parent_id {
             self.0[4].add(row.bytes(parent.as_bytes()).real(task.created_at).bytes(id));
         }
-        self.0[5].add(row.real(task.created_at).bytes(id));
+        self.0[5].add(in_order);
     }
 
     /// True when every index holds exactly the expected entries.

@@ -16,7 +16,7 @@ use rusqlite::Transaction;
 
 use crate::checks;
 use crate::errors::Result;
-use crate::schema::{self, EVENT_TASK_NO};
+use crate::schema::{self, LayoutUpgrade, EVENT_TASK_NO};
 // A task row's columns: every layout has them all (the current one adds
 // only its number).
 use crate::task::COLUMNS as TASK_COLUMNS;
@@ -47,27 +47,18 @@ const EVENT_COLUMNS: [&str; 11] = [
     "event_hash",
 ];
 
-/// What an upgrade did to the file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Upgrade {
-    /// Both tables were rebuilt: the old ones' pages are free.
-    Rebuilt,
-    /// Only indexes were built.
-    Indexed,
-}
-
-/// Brings an earlier layout's tables to the current ones inside `tx`.
-/// The caller must have turned foreign keys off (SQLite cannot do that
-/// inside a transaction).
-pub fn migrate(tx: &Transaction<'_>) -> Result<Upgrade> {
-    if schema::fingerprint(tx)? == schema::THIRD_LAYOUT_FINGERPRINT {
-        schema::order_third_layout_indexes(tx)?;
-        return Ok(Upgrade::Indexed);
+/// Brings an earlier layout's tables to the current ones inside `tx`, as
+/// `schema::inspect` found they must be. The caller must have turned
+/// foreign keys off (SQLite cannot do that inside a transaction).
+pub fn migrate(tx: &Transaction<'_>, upgrade: LayoutUpgrade) -> Result<()> {
+    match upgrade {
+        LayoutUpgrade::Index => schema::order_third_layout_indexes(tx),
+        // The rows are copied as they are, so a row that breaks a CHECK is
+        // carried for doctor to count, not refused.
+        LayoutUpgrade::Rebuild => {
+            checks::without_checks(tx, || schema::rebuild(tx, &INDEXES, copy_rows))
+        }
     }
-    // The rows are copied as they are, so a row that breaks a CHECK is
-    // carried for doctor to count, not refused.
-    checks::without_checks(tx, || schema::rebuild(tx, &INDEXES, copy_rows))?;
-    Ok(Upgrade::Rebuilt)
 }
 
 fn copy_rows(tx: &Transaction<'_>) -> Result<()> {
@@ -94,9 +85,9 @@ fn copy_rows(tx: &Transaction<'_>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{migrate, Upgrade};
+    use super::migrate;
     use crate::errors::Result;
-    use crate::schema::{inspect, test_support, Found};
+    use crate::schema::{inspect, test_support, Earlier, Found, LayoutUpgrade};
 
     /// Every row crosses as it stands: a task keeps its rowid as its
     /// number (a negative one, edited by hand, too), an event names that
@@ -123,7 +114,9 @@ mod tests {
                  PRAGMA ignore_check_constraints = OFF;",
             )?;
             let tx = conn.transaction()?;
-            assert_eq!(migrate(&tx)?, Upgrade::Rebuilt);
+            let upgrade = LayoutUpgrade::Rebuild;
+            assert_eq!(inspect(&tx)?, Found::Earlier(Earlier::Layout(upgrade)));
+            migrate(&tx, upgrade)?;
             tx.commit()?;
             assert_eq!(inspect(&conn)?, Found::Current);
             let tasks: Vec<(i64, String, String)> = conn
@@ -162,7 +155,11 @@ mod tests {
                     (7, 'a', 'succeeded', 'pending', 1, 1.0, 1.0, 1.0, 1.0, zeroblob(32));",
         )?;
         let tx = conn.transaction()?;
-        assert_eq!(migrate(&tx)?, Upgrade::Indexed);
+        assert_eq!(
+            inspect(&tx)?,
+            Found::Earlier(Earlier::Layout(LayoutUpgrade::Index))
+        );
+        migrate(&tx, LayoutUpgrade::Index)?;
         tx.commit()?;
         assert_eq!(inspect(&conn)?, Found::Current);
         let ordered: Vec<(i64, String)> = conn

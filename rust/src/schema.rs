@@ -188,8 +188,19 @@ pub enum Found {
 pub enum Earlier {
     /// A task-state-guard 0.1.0 file at version 1 or 2.
     Peer(i64),
-    /// A taskwarden v3 file of an earlier layout.
-    Layout,
+    /// A taskwarden v3 file of an earlier layout, and what its upgrade
+    /// must do.
+    Layout(LayoutUpgrade),
+}
+
+/// How a file of an earlier v3 layout reaches the current one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutUpgrade {
+    /// The first two layouts: both tables are rebuilt (events named their
+    /// task by id), which leaves the old tables' pages free.
+    Rebuild,
+    /// The third: only indexes are built, the rows stay where they are.
+    Index,
 }
 
 impl Earlier {
@@ -198,7 +209,7 @@ impl Earlier {
     pub fn version(self) -> i64 {
         match self {
             Earlier::Peer(version) => version,
-            Earlier::Layout => 3,
+            Earlier::Layout(_) => 3,
         }
     }
 }
@@ -327,11 +338,13 @@ pub fn inspect(conn: &Connection) -> Result<Found> {
                 |expected: &str| meta.len() == 2 && stored == Some(expected) && fp == expected;
             if exact(current_fingerprint()?) {
                 Ok(Found::Current)
+            } else if exact(THIRD_LAYOUT_FINGERPRINT) {
+                Ok(Found::Earlier(Earlier::Layout(LayoutUpgrade::Index)))
             } else if EARLIER_LAYOUT_FINGERPRINTS
                 .iter()
                 .any(|layout| exact(layout))
             {
-                Ok(Found::Earlier(Earlier::Layout))
+                Ok(Found::Earlier(Earlier::Layout(LayoutUpgrade::Rebuild)))
             } else {
                 Err(MISMATCH)
             }
@@ -836,7 +849,12 @@ mod tests {
             let conn = test_support::earlier_layout(layout)?;
             let expected = EARLIER_LAYOUT_FINGERPRINTS[layout - 1];
             assert_eq!(fingerprint(&conn)?, expected);
-            assert_eq!(inspect(&conn)?, Found::Earlier(Earlier::Layout));
+            let upgrade = if layout == 3 {
+                LayoutUpgrade::Index
+            } else {
+                LayoutUpgrade::Rebuild
+            };
+            assert_eq!(inspect(&conn)?, Found::Earlier(Earlier::Layout(upgrade)));
             conn.execute(
                 "UPDATE schema_meta SET value = ?1 WHERE key = 'schema_fingerprint'",
                 [current_fingerprint()?],

@@ -18,9 +18,9 @@ use crate::errors::{Error, Result};
 use crate::events;
 use crate::fsguard::{self, DbPath, DirStamp, Identity, Sidecars};
 use crate::held_files::Lease;
-use crate::layout_upgrade::{self, Upgrade};
+use crate::layout_upgrade;
 use crate::reconcile;
-use crate::schema::{self, DamagedRows, Earlier, Found};
+use crate::schema::{self, DamagedRows, Earlier, Found, LayoutUpgrade};
 use crate::sidecar_loss::{self, Loss};
 use crate::snapshot;
 use crate::turnstile::Turnstile;
@@ -183,7 +183,7 @@ fn not_migrated(earlier: Earlier) -> Error {
         Earlier::Peer(_) => {
             "the ledger is a task-state-guard file, and this open may not migrate it"
         }
-        Earlier::Layout => {
+        Earlier::Layout(_) => {
             "the ledger is in an earlier taskwarden layout, and this open may not upgrade it"
         }
     })
@@ -773,8 +773,9 @@ impl Store {
             match schema::inspect(tx)? {
                 // An earlier layout is taskwarden's own: its rows are
                 // carried as they are, for doctor to judge as before.
-                Found::Earlier(Earlier::Layout) => {
-                    Ok(layout_upgrade::migrate(tx)? == Upgrade::Rebuilt)
+                Found::Earlier(Earlier::Layout(upgrade)) => {
+                    layout_upgrade::migrate(tx, upgrade)?;
+                    Ok(upgrade == LayoutUpgrade::Rebuild)
                 }
                 Found::Earlier(Earlier::Peer(_)) => match gate {
                     Gate::CarryDamaged => {
