@@ -293,14 +293,16 @@ def test_a_patched_time_time_given_as_the_clock_is_called(
     as the peer does, instead of reading the system clock itself."""
     import time
 
+    import taskwarden._handle
     import taskwarden.ledger
 
     real, frozen = time.time, (lambda: 1_000_000.0)
     monkeypatch.setattr(time, "time", frozen)
     # freezegun also replaces every module attribute holding the real one.
-    for name, value in list(vars(taskwarden.ledger).items()):
-        if value is real:
-            monkeypatch.setattr(taskwarden.ledger, name, frozen)
+    for module in (taskwarden._handle, taskwarden.ledger):
+        for name, value in list(vars(module).items()):
+            if value is real:
+                monkeypatch.setattr(module, name, frozen)
     with Ledger(db_path, clock=time.time) as ledger:
         assert ledger.create_task().created_at == 1_000_000.0
     assert Ledger.in_memory(clock=time.time).create_task().created_at == 1_000_000.0

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from . import _core
+from ._handle import text_path
 from .errors import InvalidInput, StateConflict
-from .ledger import Ledger, text_path
+from .ledger import Ledger
 
 __all__ = ["ACTIVE_GRACE", "DELIVERY_GRACE", "explain", "run_demo"]
 

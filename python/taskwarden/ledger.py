@@ -3,140 +3,25 @@
 from __future__ import annotations
 
 import os
-import sys
-import threading
 import time
-import weakref
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, SupportsIndex, TypeVar, cast
+from typing import Any, Self, SupportsIndex, TypeVar
 
 from . import _core
+from ._handle import (
+    CLOSED,
+    OPEN_FILE_LEDGERS,
+    SYSTEM_CLOCKS,
+    Clock,
+    core_clock,
+    effective_uid,
+    text_path,
+)
 from .errors import InvalidInput, StateConflict
 from .models import Charge, DeliveryStatus, Event, Task, TaskStatus
 
 __all__ = ["Clock", "Ledger"]
-
-Clock = Callable[[], float]
-
-
-def _geteuid() -> int:
-    return os.geteuid() if hasattr(os, "geteuid") else 0
-
-
-class _ClosedCore:
-    """What a closed ledger's calls reach: each is a ``StateConflict``,
-    before any argument is looked at (a closed ledger is closed for all)."""
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def refuse(*_args: Any, **_kwargs: Any) -> Any:
-            raise StateConflict("ledger is closed")
-
-        return refuse
-
-
-_CLOSED: Any = _ClosedCore()
-
-
-class _InheritedCore:
-    """What a forked child's inherited file ledger holds until its first
-    call: the parent's connection is never used in the child (it holds
-    none of the parent's locks), so that call opens the child's own, with
-    the same arguments, and the inherited one is set aside untouched.
-    One thread opens it; a close meanwhile waits for it and closes it."""
-
-    def __init__(self, ledger: Ledger, inherited: Any) -> None:
-        self._ledger = ledger
-        self._inherited = inherited  # dropped only once the child's own is open
-        self._opening = threading.Lock()
-        self._opener: int | None = None  # the thread inside the open, if any
-
-    def __getattr__(self, name: str) -> Any:
-        self._refuse_the_opener()
-        with self._opening:
-            current: Any = self._ledger._core
-            if current is self:
-                assert self._ledger._reopen_args is not None  # file ledgers only
-                path, options = self._ledger._reopen_args
-                self._opener = threading.get_ident()
-                try:
-                    current = _core.LedgerCore(path, **options)
-                finally:
-                    self._opener = None
-                self._ledger._core = current
-        return getattr(current, name)
-
-    def close(self) -> None:
-        """Closing before any call opens nothing; during the first call,
-        it closes what that call opened."""
-        self._refuse_the_opener()
-        with self._opening:
-            current: Any = self._ledger._core
-            if current is not self:
-                current.close()
-
-    def _refuse_the_opener(self) -> None:
-        """The open runs signal handlers while it waits for a lock; one
-        that calls this ledger would wait for its own thread for ever."""
-        if self._opener == threading.get_ident():
-            raise StateConflict(
-                "the ledger was called from inside one of its own calls "
-                "(its clock, or a signal handler during a lock wait)"
-            )
-
-
-# The system clock as it was at import, which the core reads itself
-# (fast, no Python call). Compared by identity: a test that patches
-# `time.time` and passes `clock=time.time` hands over its own function,
-# which is then called like any other clock, as the peer calls it. Kept in
-# a tuple: freezegun replaces every module attribute that holds the real
-# `time.time`, and would swap this one for its fake too.
-_SYSTEM_CLOCKS = (time.time,)
-
-# time-machine moves time without replacing `time.time`: it patches the
-# function in place, so the identity test above cannot see it, and a core
-# reading the system clock itself would ignore every travel (the peer,
-# calling `time.time`, follows them). In a process that has imported it,
-# the clock is called as Python's; other processes keep the fast read.
-_TIME_TRAVEL_MODULES = ("time_machine",)
-
-
-def text_path(path: Any) -> str:
-    """A path argument as the text the core resolves (the peer's refusals)."""
-    try:
-        raw = os.fspath(path)
-    except Exception:
-        raise InvalidInput("database path must be path-like") from None
-    if not isinstance(raw, str):
-        raise InvalidInput("database path must be a nonempty text path")
-    return raw
-
-
-def _core_clock(clock: Clock) -> Clock | None:
-    """What the core is given: None for the system clock it reads itself,
-    otherwise the callable, called for every reading."""
-    if clock is not _SYSTEM_CLOCKS[0]:
-        return clock
-    if any(name in sys.modules for name in _TIME_TRAVEL_MODULES):
-        return clock
-    return None
-
-
-# The file ledgers of this process that may be open, for the fork hook.
-_OPEN_FILE_LEDGERS: weakref.WeakSet[Ledger] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    # No SQLite here: a thread that did not survive the fork may hold its
-    # locks. The inherited handles are only swapped for placeholders.
-    for ledger in list(_OPEN_FILE_LEDGERS):
-        if ledger._core is not _CLOSED and not isinstance(ledger._core, _InheritedCore):
-            ledger._core = cast(_core.LedgerCore, _InheritedCore(ledger, ledger._core))
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # What a Ledger's __dict__ holds of its own handle (not copied to a copy).
@@ -214,8 +99,8 @@ class Ledger:
             "read_only": read_only,
             "allow_external_acl": allow_external_acl,
             "snapshot_max_bytes": snapshot_max_bytes,
-            "clock": _core_clock(clock),
-            "euid": _geteuid(),
+            "clock": core_clock(clock),
+            "euid": effective_uid(),
             "migrate": migrate,
             "create": create,
         }
@@ -226,7 +111,7 @@ class Ledger:
         # whatever the working directory is then, and makes no file the
         # first open did not already make.
         self._reopen_args = (str(self.path), options | {"create": False})
-        _OPEN_FILE_LEDGERS.add(self)
+        OPEN_FILE_LEDGERS.add(self)
 
     @classmethod
     def in_memory(cls, *, clock: Clock = time.time, busy_timeout_ms: int = 5000) -> Self:
@@ -235,7 +120,7 @@ class Ledger:
             raise InvalidInput("clock must be callable")
         ledger = cls.__new__(cls)
         ledger._core = _core.LedgerCore.in_memory(
-            busy_timeout_ms=busy_timeout_ms, clock=_core_clock(clock)
+            busy_timeout_ms=busy_timeout_ms, clock=core_clock(clock)
         )
         ledger.path = None
         ledger._reopen_args = None
@@ -250,12 +135,12 @@ class Ledger:
         shares this handle's connection."""
         if self._reopen_args is None:
             raise TypeError("an in-memory Ledger cannot be copied or pickled")
-        if self._core is _CLOSED:
+        if self._core is CLOSED:
             raise StateConflict("ledger is closed")
         path, options = self._reopen_args
         clock = options["clock"]
         given = {k: v for k, v in options.items() if k not in ("clock", "euid")}
-        given["clock"] = _SYSTEM_CLOCKS[0] if clock is None else clock
+        given["clock"] = SYSTEM_CLOCKS[0] if clock is None else clock
         own = {k: v for k, v in vars(self).items() if k not in _HANDLE_ATTRIBUTES}
         return (_reopened, (type(self), path, given), own or None)
 
@@ -278,9 +163,9 @@ class Ledger:
 
     def close(self) -> None:
         """Release the connection; later calls raise ``StateConflict``."""
-        if self._core is not _CLOSED:
+        if self._core is not CLOSED:
             self._core.close()
-            self._core = _CLOSED
+            self._core = CLOSED
 
     def create_task(
         self,
