@@ -427,7 +427,7 @@ fn expiry_events(
 /// a pass of their own, after the timeouts had changed rows on every page,
 /// each page was changed twice: at a million tasks (100,000 expired
 /// deliveries), whose pages the page cache does not hold (see
-/// `store::IN_MEMORY_BULK_MAX_FILE_BYTES`), the apply wrote 833 MiB
+/// `store::bulk::IN_MEMORY_BULK_MAX_FILE_BYTES`), the apply wrote 833 MiB
 /// instead of 667 and took 0.1-0.25 s longer (about 3.3 s against 3.1).
 /// The events come out numbered as before: the timeouts, then each kind
 /// of delivery in its own order. Returns the timeouts and both kinds.
