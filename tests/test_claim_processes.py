@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from taskwarden import Ledger, TaskStatus
-from taskwarden.errors import ClaimLost
+from taskwarden.errors import ClaimLost, InvalidInput
 
 from .conftest import EVENT_TASK_ID, FrozenClock, logical_dump, report_outcome
 
@@ -567,6 +567,27 @@ def test_claim_next_passes_over_tasks_dated_after_its_clock(db_path: Path) -> No
         later = worker.claim_next("w", limit=10)
         assert [t.id for t in later] == [released.id, created_ahead.id]
         assert all(t.started_at == 2_000.0 for t in later)
+
+
+def test_claim_next_passes_over_a_task_it_could_give_no_finite_deadline(
+    ledger: Ledger, clock: FrozenClock
+) -> None:
+    """A timeout so long that the clock's time plus it is not finite: that
+    task cannot be started (a claim of it alone is refused as the peer's
+    start is), and one such task in the queue failed every worker's whole
+    batch. It is passed over and stays queued; the tasks behind it are
+    handed out."""
+    stuck = ledger.create_task(timeout_seconds=1.7976931348623157e308)
+    behind = [ledger.create_task(timeout_seconds=60) for _ in range(2)]
+    clock.now = 1e300
+    claimed = ledger.claim_next("w", limit=10)
+    assert [t.id for t in claimed] == [t.id for t in behind]
+    assert all(t.deadline_at == 1e300 + 60 for t in claimed)
+    assert ledger.get_task(stuck.id).status == "queued"
+    assert ledger.claim_next("w") == []
+    with pytest.raises(InvalidInput):
+        ledger.claim(stuck.id, "w")
+    assert ledger.get_task(stuck.id).status == "queued"
 
 
 def test_a_task_closed_while_queued_fences_every_ended_claim(ledger: Ledger) -> None:

@@ -38,7 +38,9 @@ pub fn claim(
 /// A task dated after this claimer's clock (written by a process whose
 /// clock ran ahead, or before the clock stepped back) cannot be claimed
 /// now without moving time backwards: it is passed over and stays queued,
-/// rather than failing the whole batch and stalling the worker's loop.
+/// rather than failing the whole batch and stalling the worker's loop. So
+/// is a task whose timeout gives no finite deadline at this clock's time
+/// (`claim` and `start_task` refuse it, as the peer's start does).
 pub fn claim_next(
     tx: &Transaction<'_>,
     worker: &str,
@@ -99,7 +101,7 @@ fn claimable(
             // be claimed either, and the write lock is held while it reads.
             break;
         }
-        if task.latest_timestamp() <= now {
+        if task.latest_timestamp() <= now && task.deadline_if_started(now).is_ok() {
             batch.push(task);
             if batch.len() == wanted {
                 break;

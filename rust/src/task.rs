@@ -296,6 +296,17 @@ impl TaskRow {
         self.version.checked_add(1).ok_or(BAD_ROW)
     }
 
+    /// The deadline a start at `now` gives (`None` without a timeout); a
+    /// timeout so long that the sum is not finite cannot be started (the
+    /// peer refuses it as input too).
+    pub fn deadline_if_started(&self, now: f64) -> Result<Option<f64>> {
+        match self.timeout_seconds {
+            Some(t) if (now + t).is_finite() => Ok(Some(now + t)),
+            Some(_) => Err(Error::Invalid("timeout produces a non-finite deadline")),
+            None => Ok(None),
+        }
+    }
+
     /// The row after moving to `to` at `now`: the column rules of SPEC §3.
     /// Pure; the caller has checked that the edge is in the table.
     pub fn moved(
@@ -313,13 +324,7 @@ impl TaskRow {
         match to {
             TaskStatus::Running => {
                 next.started_at = Some(now);
-                next.deadline_at = match self.timeout_seconds {
-                    Some(t) if (now + t).is_finite() => Some(now + t),
-                    Some(_) => {
-                        return Err(Error::Invalid("timeout produces a non-finite deadline"))
-                    }
-                    None => None,
-                };
+                next.deadline_at = self.deadline_if_started(now)?;
                 next.attempt_count = self.attempt_count.checked_add(1).ok_or(BAD_ROW)?;
                 next.owner = worker.map(str::to_owned);
             }
