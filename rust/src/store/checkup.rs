@@ -81,10 +81,7 @@ impl Store {
 
     /// `op` in a read transaction, even on a peer file whose migration was
     /// refused (for doctor to count why).
-    fn read_anyway<T>(
-        &mut self,
-        op: impl FnOnce(&Transaction<'_>) -> Result<T>,
-    ) -> Result<T> {
+    fn read_anyway<T>(&mut self, op: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
         self.verify()?;
         self.transaction(TransactionBehavior::Deferred, Size::Short, op)
     }

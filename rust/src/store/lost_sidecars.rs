@@ -15,8 +15,7 @@ use crate::wal_growth;
 
 /// Why every handle of a process refuses calls after the ledger's `-shm`
 /// was deleted, until one alone is left to open again.
-const SHM_LOST_UNDER_OTHER_HANDLES: &str =
-    "the ledger's -shm was deleted while open (by hand, \
+const SHM_LOST_UNDER_OTHER_HANDLES: &str = "the ledger's -shm was deleted while open (by hand, \
      or by another SQLite library in this process closing its connection), and other handles in \
      this process still use it: close every handle on this ledger here, then open it again";
 

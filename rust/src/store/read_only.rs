@@ -17,8 +17,7 @@ use crate::snapshot;
 
 /// A read-only open found a crashed writer's sidecars. Any writable open
 /// (a writing command, `doctor` without `--read-only`) recovers the file.
-const INCOMPLETE_SIDECARS: &str =
-    "SQLite sidecar state is incomplete (a writer stopped \
+const INCOMPLETE_SIDECARS: &str = "SQLite sidecar state is incomplete (a writer stopped \
      halfway): open the ledger writable once to recover it";
 
 /// How long a read-only open tries again after meeting a writer in
