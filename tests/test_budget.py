@@ -215,39 +215,47 @@ def test_i64_edge_of_a_token_limit_escalates_rather_than_wrapping(ledger: Ledger
     assert after.status == "escalated"
 
 
-@pytest.mark.parametrize("field", ["tokens", "cost_micros"])
-def test_overflowing_an_unlimited_counter_is_invalid_input(
-    db_path: Path, clock: FrozenClock, field: str
+@pytest.mark.parametrize("amount", [1, I64_MAX])
+@pytest.mark.parametrize(("field", "dim"), [("tokens", "tokens"), ("cost_micros", "cost")])
+def test_a_full_unlimited_counter_stops_the_charge_like_a_limit(
+    ledger: Ledger, field: str, dim: str, amount: int
 ) -> None:
-    with Ledger(db_path, clock=clock) as ledger:
-        task = ledger.create_task(llm_calls_budget=None)
-        ledger.claim(task.id, "w")
-        assert ledger.charge(task.id, calls=0, **{field: I64_MAX - 2}).allowed
-        assert ledger.charge(task.id, calls=0, **{field: 2}).allowed  # exactly i64 max
-    with unchanged_file(db_path, clock) as ledger:
-        with pytest.raises(InvalidInput):
-            ledger.charge(task.id, calls=0, **{field: 1})
-        with pytest.raises(InvalidInput):
-            ledger.charge(task.id, calls=0, **{field: I64_MAX})
-        assert ledger.get_task(task.id).status == "running"
+    """A counter that cannot hold the sum (signed 64 bits) is full: the
+    charge's amount is valid input, so it is refused and escalated like
+    one past a limit, never raised as an error."""
+    task = ledger.create_task(llm_calls_budget=None)
+    ledger.claim(task.id, "w")
+    assert ledger.charge(task.id, calls=0, **{field: I64_MAX - 2}).allowed
+    assert ledger.charge(task.id, calls=0, **{field: 2}).allowed  # exactly i64 max
+    assert ledger.budget(task.id).exhausted == dim
+    refused = ledger.charge(task.id, calls=0, worker="w", **{field: amount})
+    assert (refused.allowed, refused.escalated, refused.exhausted) == (False, True, dim)
+    assert refused.exhausted_task_id == task.id
+    after = ledger.get_task(task.id)
+    assert (after.status, after.park_code) == ("escalated", "budget_exhausted")
+    used = {"tokens": after.tokens_used, "cost_micros": after.cost_used_micros}
+    assert used[field] == I64_MAX
 
 
-def test_overflowing_an_ancestor_counter_is_invalid_input(
-    db_path: Path, clock: FrozenClock
-) -> None:
-    with Ledger(db_path, clock=clock) as ledger:
-        parent = ledger.create_task(llm_calls_budget=None)
-        a = ledger.create_task(parent_id=parent.id, llm_calls_budget=None)
-        b = ledger.create_task(parent_id=parent.id, llm_calls_budget=None)
-        ledger.claim(a.id, "a")
-        ledger.claim(b.id, "b")
-        assert ledger.charge(a.id, calls=0, tokens=I64_MAX).allowed
-    # b's own counter is 0, but the parent's would wrap.
-    with unchanged_file(db_path, clock) as ledger:
-        with pytest.raises(InvalidInput):
-            ledger.charge(b.id, calls=0, tokens=1, worker="b")
-        assert ledger.get_task(b.id).status == "running"
-        assert ledger.get_task(parent.id).tokens_used == I64_MAX
+def test_a_full_ancestor_counter_stops_a_sibling_s_charge(ledger: Ledger) -> None:
+    """What filled the parent's unlimited counter is a sibling's use: the
+    next child's ordinary charge is a budget stop naming the parent, not
+    an input error (a charge never raises for state)."""
+    parent = ledger.create_task(llm_calls_budget=None)
+    a = ledger.create_task(parent_id=parent.id, llm_calls_budget=None)
+    b = ledger.create_task(parent_id=parent.id, llm_calls_budget=None, token_budget=1000)
+    ledger.claim(a.id, "a")
+    ledger.claim(b.id, "b")
+    assert ledger.charge(a.id, calls=0, tokens=I64_MAX).allowed
+    assert ledger.budget(b.id).exhausted == "tokens"
+    refused = ledger.charge(b.id, calls=0, tokens=1, worker="b")
+    assert (refused.allowed, refused.escalated, refused.exhausted) == (False, True, "tokens")
+    assert refused.exhausted_task_id == parent.id
+    assert ledger.get_task(b.id).status == "escalated"
+    assert ledger.get_task(b.id).tokens_used == 0
+    assert ledger.get_task(parent.id).tokens_used == I64_MAX
+    # A charge of another dimension still fits.
+    assert ledger.charge(a.id, calls=1, worker="a").allowed
 
 
 def test_a_passed_ancestor_limit_escalates_even_where_a_counter_would_overflow(

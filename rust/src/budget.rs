@@ -25,14 +25,33 @@ impl Dimension {
     }
 }
 
-/// Usage after adding `amount`, or the first dimension whose limit the sum
-/// would pass. A sum beyond `i64` can never fit a limit; on an unlimited
-/// dimension it is refused as input, since the counter could not hold it.
-pub fn add(
-    used: Usage,
-    limits: Limits,
-    amount: Usage,
-) -> Result<std::result::Result<Usage, Dimension>> {
+/// Why a charge does not fit one task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Misfit {
+    /// The sum would pass the dimension's limit (a grant can raise it).
+    OverLimit(Dimension),
+    /// The dimension is unlimited, but its counter cannot hold the sum
+    /// (`i64`): as full as a passed limit. What filled it is the ledger's
+    /// state (a sibling's use, rolled up), not the charge's amount, which
+    /// is valid input; and a charge never raises for state.
+    CounterFull(Dimension),
+}
+
+impl Misfit {
+    /// The dimension that does not fit.
+    #[must_use]
+    pub fn dimension(self) -> Dimension {
+        match self {
+            Misfit::OverLimit(dim) | Misfit::CounterFull(dim) => dim,
+        }
+    }
+}
+
+/// Usage after adding `amount`, or why it does not fit: the first
+/// dimension whose limit the sum would pass, else the first unlimited one
+/// whose counter could not hold it (a limit is what an operator can
+/// grant, so it is named first). A sum beyond `i64` never fits a limit.
+pub fn add(used: Usage, limits: Limits, amount: Usage) -> std::result::Result<Usage, Misfit> {
     let dims = [
         (Dimension::Calls, used.calls, limits.calls, amount.calls),
         (Dimension::Tokens, used.tokens, limits.tokens, amount.tokens),
@@ -44,24 +63,25 @@ pub fn add(
         ),
     ];
     let mut sums = [0i64; 3];
-    let mut overflow = false;
+    let mut full = None;
     for (i, (dim, u, limit, a)) in dims.into_iter().enumerate() {
         match (u.checked_add(a), limit) {
-            (Some(sum), Some(l)) if sum > l => return Ok(Err(dim)),
+            (Some(sum), Some(l)) if sum > l => return Err(Misfit::OverLimit(dim)),
             (Some(sum), _) => sums[i] = sum,
-            (None, Some(_)) => return Ok(Err(dim)),
-            // Judged after every limit: a passed limit escalates first.
-            (None, None) => overflow = true,
+            (None, Some(_)) => return Err(Misfit::OverLimit(dim)),
+            (None, None) => {
+                full.get_or_insert(Misfit::CounterFull(dim));
+            }
         }
     }
-    if overflow {
-        return Err(Error::Invalid("charge would overflow a usage counter"));
+    if let Some(full) = full {
+        return Err(full);
     }
-    Ok(Ok(Usage {
+    Ok(Usage {
         calls: sums[0],
         tokens: sums[1],
         cost_micros: sums[2],
-    }))
+    })
 }
 
 /// Limits raised by a grant; an unlimited dimension stays unlimited.
@@ -77,18 +97,18 @@ pub fn raise(limits: Limits, grant: Usage) -> Result<Limits> {
     })
 }
 
-/// The first dimension already at its limit, if any: nothing more of it
-/// can be charged.
+/// The first dimension already at its limit, if any, else the first
+/// unlimited one whose counter is full: nothing more of it can be charged.
 #[must_use]
 pub fn spent(used: Usage, limits: Limits) -> Option<Dimension> {
-    [
+    let dims = [
         (Dimension::Calls, used.calls, limits.calls),
         (Dimension::Tokens, used.tokens, limits.tokens),
         (Dimension::Cost, used.cost_micros, limits.cost_micros),
-    ]
-    .into_iter()
-    .find(|(_, u, l)| l.is_some_and(|l| *u >= l))
-    .map(|(d, _, _)| d)
+    ];
+    let at_limit = dims.iter().find(|(_, u, l)| l.is_some_and(|l| *u >= l));
+    let full = || dims.iter().find(|(_, u, l)| l.is_none() && *u == i64::MAX);
+    at_limit.or_else(full).map(|(d, _, _)| *d)
 }
 
 /// What is left of each limited dimension (`Charge.*_remaining`): the
@@ -143,35 +163,27 @@ mod tests {
     }
 
     #[test]
-    fn exactly_the_limit_fits_and_one_more_does_not() -> Result<()> {
+    fn exactly_the_limit_fits_and_one_more_does_not() {
         let l = limits(Some(25), None, None);
+        assert_eq!(add(usage(24, 0, 0), l, usage(1, 0, 0)), Ok(usage(25, 0, 0)));
         assert_eq!(
-            add(usage(24, 0, 0), l, usage(1, 0, 0))?,
-            Ok(usage(25, 0, 0))
+            add(usage(25, 0, 0), l, usage(1, 0, 0)),
+            Err(Misfit::OverLimit(Dimension::Calls))
         );
-        assert_eq!(
-            add(usage(25, 0, 0), l, usage(1, 0, 0))?,
-            Err(Dimension::Calls)
-        );
-        assert_eq!(
-            add(usage(25, 0, 0), l, usage(0, 0, 0))?,
-            Ok(usage(25, 0, 0))
-        );
-        Ok(())
+        assert_eq!(add(usage(25, 0, 0), l, usage(0, 0, 0)), Ok(usage(25, 0, 0)));
     }
 
     #[test]
-    fn dimensions_are_checked_in_order() -> Result<()> {
+    fn dimensions_are_checked_in_order() {
         let l = limits(Some(10), Some(100), Some(5));
         assert_eq!(
-            add(usage(0, 100, 5), l, usage(1, 1, 1))?,
-            Err(Dimension::Tokens)
+            add(usage(0, 100, 5), l, usage(1, 1, 1)),
+            Err(Misfit::OverLimit(Dimension::Tokens))
         );
         assert_eq!(
-            add(usage(0, 0, 5), l, usage(1, 1, 1))?,
-            Err(Dimension::Cost)
+            add(usage(0, 0, 5), l, usage(1, 1, 1)),
+            Err(Misfit::OverLimit(Dimension::Cost))
         );
-        Ok(())
     }
 
     #[test]
@@ -182,27 +194,16 @@ mod tests {
                 usage(max, 0, 0),
                 limits(Some(max), None, None),
                 usage(1, 0, 0)
-            )?,
-            Err(Dimension::Calls)
+            ),
+            Err(Misfit::OverLimit(Dimension::Calls))
         );
         assert_eq!(
             add(
                 usage(max - 1, 0, 0),
                 limits(Some(max), None, None),
                 usage(1, 0, 0)
-            )?,
+            ),
             Ok(usage(max, 0, 0))
-        );
-        assert!(add(usage(0, max, 0), limits(None, None, None), usage(0, 1, 0)).is_err());
-        // A passed limit is the answer even when an earlier, unlimited
-        // dimension of the same charge would overflow.
-        assert_eq!(
-            add(
-                usage(max, 0, 5),
-                limits(None, None, Some(5)),
-                usage(1, 0, 1)
-            )?,
-            Err(Dimension::Cost)
         );
         assert!(raise(limits(Some(max), None, None), usage(1, 0, 0)).is_err());
         assert_eq!(
@@ -210,6 +211,37 @@ mod tests {
             limits(Some(2), None, Some(5))
         );
         Ok(())
+    }
+
+    #[test]
+    fn a_full_unlimited_counter_refuses_like_a_limit_named_after_one() {
+        let max = i64::MAX;
+        let none = limits(None, None, None);
+        assert_eq!(
+            add(usage(0, max - 1, 0), none, usage(0, 1, 0)),
+            Ok(usage(0, max, 0))
+        );
+        assert_eq!(
+            add(usage(0, max, 0), none, usage(0, 1, 0)),
+            Err(Misfit::CounterFull(Dimension::Tokens))
+        );
+        // A passed limit is named first, even when an earlier, unlimited
+        // dimension of the same charge could not hold its sum: a limit is
+        // what a grant can raise.
+        assert_eq!(
+            add(
+                usage(max, 0, 5),
+                limits(None, None, Some(5)),
+                usage(1, 0, 1)
+            ),
+            Err(Misfit::OverLimit(Dimension::Cost))
+        );
+        assert_eq!(spent(usage(0, max, 0), none), Some(Dimension::Tokens));
+        assert_eq!(spent(usage(0, max - 1, 0), none), None);
+        assert_eq!(
+            spent(usage(max, 3, 0), limits(None, Some(3), None)),
+            Some(Dimension::Tokens)
+        );
     }
 
     #[test]

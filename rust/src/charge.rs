@@ -4,7 +4,7 @@
 
 use rusqlite::Transaction;
 
-use crate::budget::{self, Dimension};
+use crate::budget::{self, Dimension, Misfit};
 use crate::errors::{Error, Result};
 use crate::fsm::TaskStatus;
 use crate::task::{TaskRow, Usage};
@@ -48,29 +48,42 @@ pub fn charge(
         });
     }
     let chain = chain_of(tx, &task)?;
-    // Every node is judged before anything is raised: a limit passed
-    // anywhere on the chain escalates, even where an unlimited counter
-    // elsewhere could not hold the sum (that alone is `InvalidInput`).
     let judged = chain
         .iter()
         .map(|node| budget::add(node.usage, node.limits, amount))
         .collect::<Vec<_>>();
-    if let Some(stop) = judged.iter().zip(&chain).find_map(|(j, node)| match j {
-        Ok(Err(dim)) => Some((*dim, node.id.clone())),
-        _ => None,
-    }) {
+    if let Some(stop) = first_misfit(&chain, &judged) {
         return escalate(tx, task, stop, fence, clock);
     }
-    let mut grown = Vec::with_capacity(chain.len());
-    for judgement in judged {
-        grown.push(judgement?.map_err(|_| Error::Internal("a passed limit was missed"))?);
-    }
+    let grown = judged
+        .into_iter()
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| Error::Internal("a misfit was missed"))?;
     Ok(Outcome {
         allowed: true,
         escalated: false,
         exhausted: None,
         task: add_to_chain(tx, &chain, grown)?,
     })
+}
+
+/// Where on the chain a charge does not fit, and in which dimension: the
+/// first limit it would pass (what an operator can grant), else the first
+/// unlimited counter that could not hold it. Every node is judged before
+/// anything is raised.
+fn first_misfit(
+    chain: &[TaskRow],
+    judged: &[std::result::Result<Usage, Misfit>],
+) -> Option<(Dimension, String)> {
+    let at = |want_limit: bool| {
+        judged.iter().zip(chain).find_map(|(j, node)| match j {
+            Err(m) if matches!(m, Misfit::OverLimit(_)) == want_limit => {
+                Some((m.dimension(), node.id.clone()))
+            }
+            _ => None,
+        })
+    };
+    at(true).or_else(|| at(false))
 }
 
 /// A charge that would pass `stop` (a dimension and the task whose limit
@@ -138,7 +151,7 @@ pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
     };
     let fits = chain
         .iter()
-        .all(|node| matches!(budget::add(node.usage, node.limits, one_call), Ok(Ok(_))));
+        .all(|node| budget::add(node.usage, node.limits, one_call).is_ok());
     let exhausted = spent_on(&chain);
     let allowed = task.status == TaskStatus::Running && fits;
     Ok(Outcome {
