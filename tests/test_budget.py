@@ -562,15 +562,23 @@ def test_grant_raises_limits_and_is_recorded(db_path: Path, clock: FrozenClock) 
         # Unlimited stays unlimited.
         assert (g2.llm_calls_budget, g2.token_budget, g2.cost_budget_micros) == (5, 15, None)
         assert g2.status == "queued"
-        unlimited = ledger.create_task(llm_calls_budget=None)
-        g3 = ledger.grant(unlimited.id, calls=7)
-        assert g3.llm_calls_budget is None
     events = _grant_events(db_path)
-    assert len(events) == 3
+    assert len(events) == 2
     assert events[0][0] == task.id and events[0][2:] == (3, 0, 0)
-    assert events[1][0] == task.id and events[1][2:] == (0, 5, 1000)
-    assert events[2][0] == unlimited.id
+    # The history says what the grant added: nothing to the unlimited cost.
+    assert events[1][0] == task.id and events[1][2:] == (0, 5, 0)
     assert all(e[1] == "budget_granted" for e in events)
+
+
+def test_a_grant_to_unlimited_limits_only_writes_nothing(db_path: Path, clock: FrozenClock) -> None:
+    """An operator granting "a bit of everything" to a task whose limits
+    are unlimited raises nothing: the task comes back as it was, and no
+    event claims a grant that changed nothing."""
+    with Ledger(db_path, clock=clock) as ledger:
+        unlimited = ledger.create_task(llm_calls_budget=None)
+    with unchanged_file(db_path, clock) as ledger:
+        assert ledger.grant(unlimited.id, calls=7, tokens=5, cost_micros=9) == unlimited
+    assert _grant_events(db_path) == []
 
 
 def test_grant_never_lowers_a_limit(db_path: Path, clock: FrozenClock) -> None:

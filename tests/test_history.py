@@ -56,7 +56,8 @@ def test_the_history_tells_every_change_in_order(ledger: Ledger, clock: FrozenCl
     ]
     assert [e.at - T0 for e in history] == [0, 1, 3, 4, 5, 6, 7, 8]
     grant = history[3]
-    assert (grant.granted_calls, grant.granted_tokens, grant.granted_cost_micros) == (2, 5, 0)
+    # What it added: the task's tokens are unlimited, so none to them.
+    assert (grant.granted_calls, grant.granted_tokens, grant.granted_cost_micros) == (2, 0, 0)
     assert all(e.granted_calls is None for e in history if e is not grant)
     assert history[0].to_dict() == {
         "kind": "created",

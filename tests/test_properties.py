@@ -422,11 +422,15 @@ class LedgerMachine(RuleBasedStateMachine):
             self.check_refused(InvalidInput, lambda: self.db.grant(m.id))
             return
         result = self.db.grant(m.id, calls=calls, tokens=tokens, cost_micros=cost)
-        m.limits = [
-            None if lim is None else lim + a
-            for lim, a in zip(m.limits, [calls, tokens, cost], strict=True)
+        added = [
+            0 if lim is None else a for lim, a in zip(m.limits, [calls, tokens, cost], strict=True)
         ]
-        m.version += 1
+        # Unlimited stays unlimited; a grant that adds nothing writes nothing.
+        m.limits = [
+            None if lim is None else lim + a for lim, a in zip(m.limits, added, strict=True)
+        ]
+        if any(added):
+            m.version += 1
         self.check_task(m, result)
 
     @rule(

@@ -368,7 +368,9 @@ class Ledger:
         tokens: SupportsIndex = 0,
         cost_micros: SupportsIndex = 0,
     ) -> Task:
-        """Raise a task's limits (never lower them); recorded as ``budget_granted``."""
+        """Raise a task's limits (never lower them); recorded as ``budget_granted``
+        with the amounts added. An unlimited limit stays unlimited and is
+        added nothing; a grant that adds nothing at all writes nothing."""
         return self._core.grant(task_id, calls=calls, tokens=tokens, cost_micros=cost_micros)
 
     def list_tasks(

@@ -84,6 +84,19 @@ pub fn add(used: Usage, limits: Limits, amount: Usage) -> std::result::Result<Us
     })
 }
 
+/// What a grant adds to each limit: nothing to an unlimited one, which
+/// stays unlimited. Its event records this, not what was asked, so that
+/// the history says what the grant changed.
+#[must_use]
+pub fn granted(limits: Limits, asked: Usage) -> Usage {
+    let to = |limit: Option<i64>, by: i64| if limit.is_some() { by } else { 0 };
+    Usage {
+        calls: to(limits.calls, asked.calls),
+        tokens: to(limits.tokens, asked.tokens),
+        cost_micros: to(limits.cost_micros, asked.cost_micros),
+    }
+}
+
 /// Limits raised by a grant; an unlimited dimension stays unlimited.
 pub fn raise(limits: Limits, grant: Usage) -> Result<Limits> {
     const OVERFLOW: Error = Error::Invalid("grant would overflow a limit");

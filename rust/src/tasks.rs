@@ -815,7 +815,7 @@ fn cancel_at(tx: &Transaction<'_>, task: &TaskRow, now: f64) -> Result<TaskRow> 
 }
 
 /// An operator raises a task's limits (never lowers them); recorded as a
-/// `budget_granted` event carrying the amounts.
+/// `budget_granted` event carrying the amounts it added.
 pub fn grant(tx: &Transaction<'_>, id: &str, amount: Usage, clock: Clock<'_>) -> Result<TaskRow> {
     // A grant of nothing is a mistake (a CLI `grant` without amounts), not
     // an operator's decision worth an event and a version.
@@ -823,6 +823,12 @@ pub fn grant(tx: &Transaction<'_>, id: &str, amount: Usage, clock: Clock<'_>) ->
         return Err(Error::Invalid("a grant needs at least one positive amount"));
     }
     let task = get(tx, id)?;
+    let amount = crate::budget::granted(task.limits, amount);
+    if amount == Usage::default() {
+        // Every amount asked was for an unlimited dimension: nothing to
+        // raise, nothing to record.
+        return Ok(task);
+    }
     let limits = crate::budget::raise(task.limits, amount)?;
     let now = clock()?;
     not_before(now, &task)?;
