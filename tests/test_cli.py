@@ -85,7 +85,11 @@ NOT_A_NAME = "must be 1-128 characters of [A-Za-z0-9._:@-]"
 REFUSAL_REASONS: list[tuple[list[str], str]] = [
     (["get"], "the following arguments are required: task_id"),
     (["get", SECRET], "task id must be a valid UUID"),
-    ([SECRET], "argument COMMAND: invalid choice"),
+    ([SECRET], "argument COMMAND: invalid choice (choose from "),
+    (
+        ["list", "--status", f"{SECRET} (choose from x)"],
+        "argument --status: invalid choice (choose from 'queued', 'running', 'blocked',",
+    ),
     (["create", "--llm-calls-budget", SECRET], "argument --llm-calls-budget: invalid value"),
     (
         ["create", "--llm-calls-budget", "5", "--unlimited-calls"],

@@ -55,8 +55,12 @@ def _without_values(message: str) -> str:
         name, detail = message[len("argument ") :].split(": ", 1)
         if detail.startswith(_VALUE_FREE):
             return message
-        kind = "choice" if detail.startswith("invalid choice") else "value"
-        return f"argument {name}: invalid {kind}"
+        if not detail.startswith("invalid choice"):
+            return f"argument {name}: invalid value"
+        # The choices are this parser's own names: the last "(choose from"
+        # is argparse's, whatever the typed value held.
+        _, found, choices = detail.rpartition(" (choose from ")
+        return f"argument {name}: invalid choice" + (f" (choose from {choices}" if found else "")
     if message.startswith("unrecognized arguments"):
         return "unrecognized arguments"
     return "invalid command-line arguments"
