@@ -42,8 +42,9 @@ answer is no (an unhealthy doctor, a refused charge), 2 ledger error (bad
 input, conflict, busy, missing task), 3 internal error (or an answer that
 could not be written), 130 interrupted (Ctrl-C). Rejected arguments are never
 echoed back. Input the arguments alone show to be bad writes nothing, not even
-a new file; a reason code is judged after the open, against the stored task,
-as the peer does."""
+a new file. close and delivery judge a reason code after the open, against the
+stored task, as the peer does; transition, block and escalate refuse one
+outside the registry before opening anything."""
 
 
 def build_parser() -> argparse.ArgumentParser:
