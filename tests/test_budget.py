@@ -9,6 +9,7 @@ task a second chance with cumulative counters.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import sqlite3
@@ -484,8 +485,39 @@ def test_a_refused_charge_reports_what_budget_reports(ledger: Ledger) -> None:
     before = ledger.get_task(task.id)
     late = ledger.charge(task.id, worker="w")
     assert (late.allowed, late.escalated, late.exhausted) == (False, False, "calls")
-    assert late == ledger.budget(task.id)
+    # The worker's claim ended with the escalation; the task, unfenced, is
+    # simply not running: otherwise the same figures.
+    assert (late.refused, ledger.budget(task.id).refused) == ("claim_lost", "not_running")
+    assert dataclasses.replace(late, refused="not_running") == ledger.budget(task.id)
     assert ledger.get_task(task.id) == before
+
+
+def test_a_refused_charge_says_why(ledger: Ledger, clock: FrozenClock) -> None:
+    """A worker that stops logs why: its budget, a task no longer running,
+    or a claim that is no longer its own (what other fenced writes raise
+    as ``ClaimLost``). ``budget()`` says the same of a one-call charge."""
+    parent = ledger.create_task(llm_calls_budget=1)
+    task = ledger.create_task(parent_id=parent.id)
+    queued = ledger.create_task()
+    assert (ledger.charge(queued.id).refused, ledger.budget(queued.id).refused) == (
+        "not_running",
+        "not_running",
+    )
+    ledger.claim(task.id, "w")
+    ok = ledger.charge(task.id, worker="w")
+    assert (ok.allowed, ok.refused, ledger.budget(task.id).refused) == (True, None, "budget")
+    assert ledger.charge(task.id, worker="other").refused == "claim_lost"
+    assert ledger.charge(task.id, worker="w", attempt=2).refused == "claim_lost"
+    over = ledger.charge(task.id, worker="w")
+    assert (over.refused, over.escalated, over.exhausted_task_id) == ("budget", True, parent.id)
+    # A clock behind the task's times refuses a charge past a limit without
+    # escalating it: still the budget's refusal.
+    ledger.requeue(task.id)
+    ledger.claim(task.id, "w")
+    clock.now -= 10
+    behind = ledger.charge(task.id, worker="w")
+    assert (behind.refused, behind.escalated) == ("budget", False)
+    assert ledger.charge(task.id, calls=0).refused is None
 
 
 @pytest.mark.parametrize("method", ["charge", "budget", "grant"])

@@ -187,6 +187,7 @@ def test_charge_fields(db_path: Path, tasks: list[str]) -> None:
         "cost_budget_micros": None,
         "cost_remaining_micros": None,
         "exhausted_task_id": None,
+        "refused": None,
     }
     task = get(db_path, tasks[0])
     assert (task["llm_calls_used"], task["tokens_used"], task["cost_used_micros"]) == (1, 30, 7)

@@ -112,7 +112,11 @@ class Charge:
     for a charge refused because the task is not running or is not the
     caller's claim, the first one already used up. ``exhausted_task_id``
     names the task whose limit that is: this task or an ancestor, the one
-    an operator grants more to (``None`` with ``exhausted``). ``*_remaining``
+    an operator grants more to (``None`` with ``exhausted``). ``refused``
+    says why ``allowed`` is false: ``"budget"`` (a limit, see
+    ``exhausted``), ``"not_running"`` (the task is queued, parked or ended)
+    or ``"claim_lost"`` (the ``worker=``/``attempt=`` claim no longer runs
+    the task); ``None`` when allowed. ``*_remaining``
     is the task's own limit minus its own use, ``None`` where the limit is
     ``None`` (unlimited).
     """
@@ -130,6 +134,7 @@ class Charge:
     cost_budget_micros: int | None
     cost_remaining_micros: int | None
     exhausted_task_id: str | None = None
+    refused: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as plain JSON-ready values."""

@@ -10,10 +10,37 @@ use crate::fsm::TaskStatus;
 use crate::task::{TaskRow, Usage};
 use crate::tasks::{self, Clock, Columns, Fence};
 
+/// Why a charge was not added (or, for a budget read, why a one-call
+/// charge would not be): what a worker logs when it stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A limit (or a full counter) of the task or an ancestor; see
+    /// `Outcome::exhausted`.
+    Budget,
+    /// The task is not running (queued, parked or ended).
+    NotRunning,
+    /// The caller's claim (`worker=`, `attempt=`) no longer runs the task:
+    /// what every other fenced write raises as `ClaimLost`.
+    ClaimLost,
+}
+
+impl Refusal {
+    /// The name `Charge.refused` reports.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Budget => "budget",
+            Refusal::NotRunning => "not_running",
+            Refusal::ClaimLost => "claim_lost",
+        }
+    }
+}
+
 /// What a charge (or a budget read) found.
 #[derive(Clone, Debug)]
 pub struct Outcome {
-    pub allowed: bool,
+    /// `None`: added (for a budget read: a one-call charge would be).
+    pub refused: Option<Refusal>,
     pub escalated: bool,
     /// The dimension that ran out, and the task (this one or an ancestor)
     /// whose limit it is: the one an operator grants more to.
@@ -30,10 +57,10 @@ pub fn charge(
     clock: Clock<'_>,
 ) -> Result<Outcome> {
     let task = tasks::get(tx, id)?;
-    if task.status != TaskStatus::Running || fence.check(&task).is_err() {
+    if let Some(refusal) = state_refusal(&task, fence) {
         // Refused: nothing changes, and the figures are `budget`'s.
         return Ok(Outcome {
-            allowed: false,
+            refused: Some(refusal),
             escalated: false,
             exhausted: spent_on(&chain_of(tx, &task)?),
             task,
@@ -41,7 +68,7 @@ pub fn charge(
     }
     if amount == Usage::default() {
         return Ok(Outcome {
-            allowed: true,
+            refused: None,
             escalated: false,
             exhausted: None,
             task,
@@ -60,7 +87,7 @@ pub fn charge(
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|_| Error::Internal("a misfit was missed"))?;
     Ok(Outcome {
-        allowed: true,
+        refused: None,
         escalated: false,
         exhausted: None,
         task: add_to_chain(tx, &chain, grown)?,
@@ -103,7 +130,7 @@ fn escalate(
         // changes; the first charge past the limit once the clock has
         // caught up escalates.
         return Ok(Outcome {
-            allowed: false,
+            refused: Some(Refusal::Budget),
             escalated: false,
             exhausted: Some(stop),
             task,
@@ -118,7 +145,7 @@ fn escalate(
         now,
     )?;
     Ok(Outcome {
-        allowed: false,
+        refused: Some(Refusal::Budget),
         escalated: true,
         exhausted: Some(stop),
         task: parked,
@@ -152,14 +179,32 @@ pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
     let fits = chain
         .iter()
         .all(|node| budget::add(node.usage, node.limits, one_call).is_ok());
-    let exhausted = spent_on(&chain);
-    let allowed = task.status == TaskStatus::Running && fits;
+    let refused = match (state_refusal(&task, &Fence::default()), fits) {
+        (Some(refusal), _) => Some(refusal),
+        (None, false) => Some(Refusal::Budget),
+        (None, true) => None,
+    };
     Ok(Outcome {
-        allowed,
+        refused,
         escalated: false,
-        exhausted,
+        exhausted: spent_on(&chain),
         task,
     })
+}
+
+/// Why a charge to `task` is refused before its budget is looked at: a
+/// fenced caller whose claim no longer runs the task has lost it (as
+/// `Fence::status_refusal` judges every other fenced write); otherwise a
+/// task that is not running.
+fn state_refusal(task: &TaskRow, fence: &Fence) -> Option<Refusal> {
+    let running = task.status == TaskStatus::Running;
+    if fence.is_given() && !(running && fence.check(task).is_ok()) {
+        Some(Refusal::ClaimLost)
+    } else if !running {
+        Some(Refusal::NotRunning)
+    } else {
+        None
+    }
 }
 
 /// The task and its ancestors, nearest first: every budget a charge to the

@@ -15,7 +15,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyList, PyTuple};
 
 use crate::budget;
-use crate::charge::Outcome;
+use crate::charge::{Outcome, Refusal};
 use crate::errors::Error;
 use crate::events::Event;
 use crate::fsm::{DeliveryStatus, TaskStatus, ALL_DELIVERY_STATUSES, ALL_TASK_STATUSES};
@@ -53,7 +53,7 @@ const TASK_FIELDS: [&str; 27] = [
 ];
 
 /// `Charge`'s fields, in the order [`charge`] gives them.
-const CHARGE_FIELDS: [&str; 13] = [
+const CHARGE_FIELDS: [&str; 14] = [
     "allowed",
     "escalated",
     "exhausted",
@@ -67,6 +67,7 @@ const CHARGE_FIELDS: [&str; 13] = [
     "cost_budget_micros",
     "cost_remaining_micros",
     "exhausted_task_id",
+    "refused",
 ];
 
 /// A frozen class and its mutable layout twin.
@@ -193,8 +194,8 @@ pub fn task<'py>(py: Python<'py>, t: &TaskRow) -> PyResult<Bound<'py, PyAny>> {
 pub fn charge<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, PyAny>> {
     let t = &o.task;
     let left = budget::remaining(t.usage, t.limits);
-    let values: [Bound<'py, PyAny>; 13] = [
-        PyBool::new(py, o.allowed).to_owned().into_any(),
+    let values: [Bound<'py, PyAny>; 14] = [
+        PyBool::new(py, o.refused.is_none()).to_owned().into_any(),
         PyBool::new(py, o.escalated).to_owned().into_any(),
         o.exhausted
             .as_ref()
@@ -213,6 +214,7 @@ pub fn charge<'py>(py: Python<'py>, o: &Outcome) -> PyResult<Bound<'py, PyAny>> 
             .as_ref()
             .map(|(_, at)| at.as_str())
             .into_pyobject(py)?,
+        o.refused.map(Refusal::as_str).into_pyobject(py)?,
     ];
     models(py)?.charge.make(py, PyTuple::new(py, values)?)
 }
