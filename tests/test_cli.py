@@ -66,6 +66,7 @@ def test_create_internal_child_with_budgets(db_path: Path) -> None:
 def test_errors_map_to_exit_codes(db_path: Path) -> None:
     db = str(db_path)
     missing = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+    assert run_cli("--db", db, "init")[0] == 0
     assert run_cli("--db", db, "start", missing)[:2] == (2, {"error": "TaskNotFound", "ok": False})
     tid = run_cli("--db", db, "create")[1]["task"]["id"]
     run_cli("--db", db, "close", tid, "--status", "failed")
@@ -74,6 +75,64 @@ def test_errors_map_to_exit_codes(db_path: Path) -> None:
     code, out, _ = run_cli("--db", db, "close", tid, "--status", "running")
     assert (code, out) == (2, {"error": "InvalidInput", "ok": False})
     assert run_cli("create")[:2] == (2, {"error": "InvalidInput", "ok": False})
+
+
+# Every command but these two needs a ledger that exists.
+MAKES_A_LEDGER = {"init", "create"}
+SOME_TASK = "0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+NEEDS_A_LEDGER: list[list[str]] = [
+    ["start", SOME_TASK],
+    ["heartbeat", SOME_TASK],
+    ["close", SOME_TASK, "--status", "failed"],
+    ["delivery", SOME_TASK, "--status", "failed"],
+    ["claim", SOME_TASK, "--worker", "w"],
+    ["claim-next", "--worker", "w"],
+    ["release", SOME_TASK, "--worker", "w"],
+    ["charge", SOME_TASK],
+    ["grant", SOME_TASK, "--calls", "1"],
+    ["transition", SOME_TASK, "--expected", "queued", "--to", "running"],
+    ["block", SOME_TASK],
+    ["escalate", SOME_TASK],
+    ["requeue", SOME_TASK],
+    ["cancel", SOME_TASK],
+    ["reconcile"],
+    ["purge", "--older-than-seconds", "0"],
+    ["doctor"],
+    ["stats"],
+    ["list"],
+    ["get", SOME_TASK],
+    ["events", SOME_TASK],
+    ["budget", SOME_TASK],
+]
+
+
+@pytest.mark.parametrize("argv", NEEDS_A_LEDGER, ids=lambda argv: argv[0])
+@pytest.mark.parametrize("found", ["missing", "empty"])
+def test_a_command_on_a_missing_or_empty_file_refuses_and_makes_nothing(
+    tmp_path: Path, argv: list[str], found: str
+) -> None:
+    """A mistyped --db, or a file emptied to 0 bytes, is not a new ledger:
+    a nightly reconcile, purge or doctor on it answered for a stray empty
+    file with exit 0, and a write left that file behind."""
+    os.chmod(tmp_path, 0o700)
+    db = tmp_path / "sub" / "fleet.db" if found == "missing" else tmp_path / "fleet.db"
+    if found == "empty":
+        db.touch(mode=0o600)
+    code, _, raw = run_cli("--db", str(db), *argv, "--format", "text")
+    assert code == 2, raw
+    assert raw.startswith("error: InvalidInput\nreason: database "), raw
+    assert sorted(p.name for p in tmp_path.rglob("*")) == (
+        [] if found == "missing" else ["fleet.db"]
+    )
+    if found == "empty":
+        assert db.stat().st_size == 0
+
+
+def test_every_command_is_judged_on_a_missing_file() -> None:
+    """The table above names every command that does not make a ledger."""
+    from taskwarden.cli import COMMANDS
+
+    assert set(COMMANDS) - MAKES_A_LEDGER - {"demo"} == {argv[0] for argv in NEEDS_A_LEDGER}
 
 
 SECRET = "SECRET-7f3a"

@@ -1157,21 +1157,22 @@ def test_empty_file_read_only_doctor_refuses_and_writes_nothing(tmp_path: Path) 
     assert sorted(os.listdir(tmp_path)) == ["ledger.db"]
 
 
-def test_empty_file_writable_doctor_behaves_like_the_peer(tmp_path: Path) -> None:
-    """A 0-byte file is an empty SQLite database: the peer's doctor (a normal,
-    writable open) initialises it and reports a healthy empty ledger. Never a
-    crash, and the result is a complete, empty ledger."""
+def test_doctor_refuses_an_empty_or_missing_file_and_leaves_it_as_it_is(tmp_path: Path) -> None:
+    """The peer's doctor (a writable open) gives a 0-byte file a schema and
+    calls it healthy, and makes a missing one: an operator's evidence
+    overwritten, and a mistyped path in a nightly check green for ever.
+    Ours refuses both (exit 2) and writes nothing."""
     os.chmod(tmp_path, 0o700)
-    ours, theirs = tmp_path / "ours.db", tmp_path / "peer.db"
-    for path in (ours, theirs):
+    empty, theirs = tmp_path / "emptied.db", tmp_path / "peer.db"
+    for path in (empty, theirs):
         path.touch(mode=0o600)
-    # The peer opens a connection per call and has nothing to close.
-    peer_report = tsg.Ledger(theirs).doctor()
-    code, out, _ = run_cli("--db", str(ours), "doctor")
-    assert code == (0 if peer_report["healthy"] else 1)
-    assert out["healthy"] is peer_report["healthy"]
-    assert (out["task_count"], out["event_count"]) == (0, 0)
-    assert out["schema_version"] == 3 and out["schema_ok"] is True
+    assert tsg.Ledger(theirs).doctor()["healthy"] is True  # the peer's answer
+    for path in (empty, tmp_path / "mistyped.db", tmp_path / "no" / "such" / "dir.db"):
+        for argv in (["doctor"], ["doctor", "--format", "text"]):
+            code, _, raw = run_cli("--db", str(path), *argv)
+            assert code == 2, raw
+    assert empty.stat().st_size == 0
+    assert sorted(os.listdir(tmp_path)) == ["emptied.db", "peer.db"]
 
 
 # --------------------------------------------------------------------------

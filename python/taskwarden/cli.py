@@ -41,10 +41,11 @@ with --format text; an error's text also says why). Exit codes: 0 ok, 1 the
 answer is no (an unhealthy doctor, a refused charge), 2 ledger error (bad
 input, conflict, busy, missing task), 3 internal error (or an answer that
 could not be written), 130 interrupted (Ctrl-C). Rejected arguments are never
-echoed back. Input the arguments alone show to be bad writes nothing, not even
-a new file. close and delivery judge a reason code after the open, against the
-stored task, as the peer does; transition, block and escalate refuse one
-outside the registry before opening anything."""
+echoed back. Only init and create make a missing ledger: every other command
+refuses a missing or empty file. Input the arguments alone show to be bad
+writes nothing, not even a new file. close and delivery judge a reason code
+after the open, against the stored task, as the peer does; transition, block
+and escalate refuse one outside the registry before opening anything."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The commands that make a missing ledger. Every other one refuses a path
+# with no file, or an empty file, rather than answer for a new ledger: a
+# mistyped --db in a nightly reconcile, purge or doctor was a green run on a
+# stray empty file for ever, and doctor wrote a schema over a file emptied
+# to 0 bytes, the evidence an operator was about to look at.
+_MAKES_A_LEDGER = frozenset({"init", "create"})
+
+
 def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) -> Ledger:
     if args.db is None:
         raise InvalidInput("--db is required for this command")
@@ -73,6 +82,8 @@ def _open(args: argparse.Namespace, *, read_only: bool = False, **options: Any) 
         options["snapshot_max_bytes"] = snapshot_bytes(args)
     elif hasattr(args, "read_only") and not read_only:
         return _open_for_reading(args, **options)
+    if not read_only:
+        options["create"] = args.command in _MAKES_A_LEDGER
     return Ledger(
         args.db,
         allow_external_acl=args.allow_external_acl,
@@ -86,9 +97,9 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
     """A reading command without --read-only opens the file writable, as the
     peer's doctor does, but never migrates a task-state-guard file (one way:
     the peer could not open it again). Such a file, or any other a writable
-    open refuses, is read through a read-only private copy instead. Only
-    doctor (as the peer's) makes a missing file; the others refuse it, so a
-    mistyped path is not answered as an empty ledger."""
+    open refuses, is read through a read-only private copy instead. A
+    missing or empty file is refused (see `_MAKES_A_LEDGER`), doctor's too,
+    where the peer's made one and called it healthy."""
     opened = functools.partial(
         Ledger,
         args.db,
@@ -96,7 +107,7 @@ def _open_for_reading(args: argparse.Namespace, **options: Any) -> Ledger:
         busy_timeout_ms=args.busy_timeout_ms,
     )
     try:
-        return opened(migrate=False, create=args.command == "doctor", **options)
+        return opened(migrate=False, create=False, **options)
     except StateConflict as refused:
         # The copy's refusal is the one to report: it is why the file
         # cannot be read (a task-state-guard file over the copy's cap, say).
