@@ -9,7 +9,6 @@ task a second chance with cumulative counters.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import random
 import sqlite3
@@ -236,6 +235,24 @@ def test_a_full_unlimited_counter_stops_the_charge_like_a_limit(
     assert (after.status, after.park_code) == ("escalated", "budget_exhausted")
     used = {"tokens": after.tokens_used, "cost_micros": after.cost_used_micros}
     assert used[field] == I64_MAX
+
+
+def test_budget_names_the_limit_the_escalating_charge_named(ledger: Ledger) -> None:
+    """A full unlimited counter on the task and a spent limit on its parent:
+    the charge that escalates names the parent's limit (what a grant can
+    raise), and so must ``budget()`` and every later refusal, or the
+    operator grants where nothing can be raised."""
+    parent = ledger.create_task(llm_calls_budget=1)
+    task = ledger.create_task(parent_id=parent.id, llm_calls_budget=None)
+    ledger.claim(task.id, "w")
+    assert ledger.charge(task.id, calls=0, tokens=I64_MAX, worker="w").allowed
+    assert ledger.charge(task.id, calls=1, worker="w").allowed
+    named = ("calls", parent.id)
+    assert (ledger.budget(task.id).exhausted, ledger.budget(task.id).exhausted_task_id) == named
+    stop = ledger.charge(task.id, calls=1, worker="w")
+    assert (stop.refused, stop.exhausted, stop.exhausted_task_id) == ("budget", *named)
+    for later in (ledger.budget(task.id), ledger.charge(task.id, calls=1)):
+        assert (later.exhausted, later.exhausted_task_id) == named
 
 
 def test_a_full_ancestor_counter_stops_a_sibling_s_charge(ledger: Ledger) -> None:
@@ -485,10 +502,8 @@ def test_a_refused_charge_reports_what_budget_reports(ledger: Ledger) -> None:
     before = ledger.get_task(task.id)
     late = ledger.charge(task.id, worker="w")
     assert (late.allowed, late.escalated, late.exhausted) == (False, False, "calls")
-    # The worker's claim ended with the escalation; the task, unfenced, is
-    # simply not running: otherwise the same figures.
-    assert (late.refused, ledger.budget(task.id).refused) == ("claim_lost", "not_running")
-    assert dataclasses.replace(late, refused="not_running") == ledger.budget(task.id)
+    assert late.refused == "not_running"  # parked under the worker's own claim
+    assert late == ledger.budget(task.id)
     assert ledger.get_task(task.id) == before
 
 
@@ -510,14 +525,25 @@ def test_a_refused_charge_says_why(ledger: Ledger, clock: FrozenClock) -> None:
     assert ledger.charge(task.id, worker="w", attempt=2).refused == "claim_lost"
     over = ledger.charge(task.id, worker="w")
     assert (over.refused, over.escalated, over.exhausted_task_id) == ("budget", True, parent.id)
+    # Parked under w's claim: not running; back in the queue or claimed by
+    # another: w's claim is lost.
+    assert ledger.charge(task.id, worker="w").refused == "not_running"
+    ledger.requeue(task.id)
+    assert ledger.charge(task.id, worker="w").refused == "claim_lost"
+    assert ledger.charge(task.id).refused == "not_running"
+    ledger.claim(task.id, "v")
+    assert ledger.charge(task.id, worker="w").refused == "claim_lost"
+    ledger.cancel(task.id)
+    assert ledger.charge(task.id, worker="v").refused == "not_running"  # an operator's cancel
+    assert ledger.charge(task.id, worker="w").refused == "claim_lost"
     # A clock behind the task's times refuses a charge past a limit without
     # escalating it: still the budget's refusal.
-    ledger.requeue(task.id)
-    ledger.claim(task.id, "w")
+    spent = ledger.create_task(parent_id=parent.id)
+    ledger.claim(spent.id, "w")
     clock.now -= 10
-    behind = ledger.charge(task.id, worker="w")
+    behind = ledger.charge(spent.id, worker="w")
     assert (behind.refused, behind.escalated) == ("budget", False)
-    assert ledger.charge(task.id, calls=0).refused is None
+    assert ledger.charge(spent.id, calls=0).refused is None
 
 
 @pytest.mark.parametrize("method", ["charge", "budget", "grant"])

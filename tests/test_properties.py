@@ -255,15 +255,20 @@ class LedgerMachine(RuleBasedStateMachine):
         assert [self.db.get_task(m.id) for m in self.tasks] == before
 
     def charge_view(
-        self, m: Model, allowed: bool, escalated: bool, exhausted: tuple[str, str] | None
+        self,
+        m: Model,
+        refused: str | None,
+        escalated: bool,
+        exhausted: tuple[str, str] | None,
     ) -> Charge:
-        """What charge or budget answers; ``exhausted`` is (dimension, the
-        id of the task whose limit ran out)."""
+        """What charge or budget answers; ``refused`` is why it is not
+        allowed (``None``: allowed), ``exhausted`` (dimension, the id of
+        the task whose limit ran out)."""
         remaining = [
             None if lim is None else lim - u for u, lim in zip(m.used, m.limits, strict=True)
         ]
         return Charge(
-            allowed,
+            refused is None,
             escalated,
             None if exhausted is None else exhausted[0],
             m.used[0],
@@ -276,6 +281,7 @@ class LedgerMachine(RuleBasedStateMachine):
             m.limits[2],
             remaining[2],
             None if exhausted is None else exhausted[1],
+            refused,
         )
 
     # -- rules ---------------------------------------------------------------------
@@ -327,10 +333,12 @@ class LedgerMachine(RuleBasedStateMachine):
         result = self.db.charge(
             m.id, calls=calls, tokens=tokens, cost_micros=cost, worker=who, attempt=att
         )
-        if m.status is not S.RUNNING or self.fenced_out(m, who, att):
-            expected = self.charge_view(m, False, False, self.spent(m))
+        if self.fenced_out(m, who, att):
+            expected = self.charge_view(m, "claim_lost", False, self.spent(m))
+        elif m.status is not S.RUNNING:
+            expected = self.charge_view(m, "not_running", False, self.spent(m))
         elif amount == [0, 0, 0]:
-            expected = self.charge_view(m, True, False, None)
+            expected = self.charge_view(m, None, False, None)
         else:
             exhausted = None
             for node in self.chain(m):
@@ -342,12 +350,12 @@ class LedgerMachine(RuleBasedStateMachine):
                     break
             if exhausted:
                 self.move(m, S.ESCALATED, "budget_exhausted")
-                expected = self.charge_view(m, False, True, exhausted)
+                expected = self.charge_view(m, "budget", True, exhausted)
             else:
                 for node in self.chain(m):
                     node.used = [u + a for u, a in zip(node.used, amount, strict=True)]
                     node.version += 1
-                expected = self.charge_view(m, True, False, None)
+                expected = self.charge_view(m, None, False, None)
         assert result == expected
 
     def spent(self, m: Model) -> tuple[str, str] | None:
@@ -367,8 +375,8 @@ class LedgerMachine(RuleBasedStateMachine):
         fits = all(
             node.limits[0] is None or node.used[0] + 1 <= node.limits[0] for node in self.chain(m)
         )
-        allowed = m.status is S.RUNNING and fits
-        assert self.db.budget(m.id) == self.charge_view(m, allowed, False, exhausted)
+        refused = "not_running" if m.status is not S.RUNNING else None if fits else "budget"
+        assert self.db.budget(m.id) == self.charge_view(m, refused, False, exhausted)
 
     @rule(i=st.integers(0, N - 1), worker=st.sampled_from([OWNER, OWNER, "w1", "w2"]))
     def release(self, i: int, worker: str) -> None:

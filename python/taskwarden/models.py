@@ -114,9 +114,11 @@ class Charge:
     names the task whose limit that is: this task or an ancestor, the one
     an operator grants more to (``None`` with ``exhausted``). ``refused``
     says why ``allowed`` is false: ``"budget"`` (a limit, see
-    ``exhausted``), ``"not_running"`` (the task is queued, parked or ended)
-    or ``"claim_lost"`` (the ``worker=``/``attempt=`` claim no longer runs
-    the task); ``None`` when allowed. ``*_remaining``
+    ``exhausted``), ``"not_running"`` (the task is queued, parked or ended,
+    under the caller's own claim too: a cancel, a block, a reconcile; its
+    status says which) or ``"claim_lost"`` (the ``worker=``/``attempt=``
+    claim is not the task's: another holds it, or none since it went back
+    to the queue); ``None`` when allowed. ``*_remaining``
     is the task's own limit minus its own use, ``None`` where the limit is
     ``None`` (unlimited).
     """

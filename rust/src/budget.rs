@@ -110,18 +110,25 @@ pub fn raise(limits: Limits, grant: Usage) -> Result<Limits> {
     })
 }
 
-/// The first dimension already at its limit, if any, else the first
-/// unlimited one whose counter is full: nothing more of it can be charged.
+/// What nothing more can be charged of: the first dimension already at its
+/// limit, else the first unlimited one whose counter is full.
 #[must_use]
-pub fn spent(used: Usage, limits: Limits) -> Option<Dimension> {
+pub fn spent(used: Usage, limits: Limits) -> Option<Misfit> {
     let dims = [
         (Dimension::Calls, used.calls, limits.calls),
         (Dimension::Tokens, used.tokens, limits.tokens),
         (Dimension::Cost, used.cost_micros, limits.cost_micros),
     ];
-    let at_limit = dims.iter().find(|(_, u, l)| l.is_some_and(|l| *u >= l));
-    let full = || dims.iter().find(|(_, u, l)| l.is_none() && *u == i64::MAX);
-    at_limit.or_else(full).map(|(d, _, _)| *d)
+    let at_limit = dims
+        .iter()
+        .find(|(_, u, l)| l.is_some_and(|l| *u >= l))
+        .map(|(d, _, _)| Misfit::OverLimit(*d));
+    let full = || {
+        dims.iter()
+            .find(|(_, u, l)| l.is_none() && *u == i64::MAX)
+            .map(|(d, _, _)| Misfit::CounterFull(*d))
+    };
+    at_limit.or_else(full)
 }
 
 /// What is left of each limited dimension (`Charge.*_remaining`): the
@@ -249,11 +256,14 @@ mod tests {
             ),
             Err(Misfit::OverLimit(Dimension::Cost))
         );
-        assert_eq!(spent(usage(0, max, 0), none), Some(Dimension::Tokens));
+        assert_eq!(
+            spent(usage(0, max, 0), none),
+            Some(Misfit::CounterFull(Dimension::Tokens))
+        );
         assert_eq!(spent(usage(0, max - 1, 0), none), None);
         assert_eq!(
             spent(usage(max, 3, 0), limits(None, Some(3), None)),
-            Some(Dimension::Tokens)
+            Some(Misfit::OverLimit(Dimension::Tokens))
         );
     }
 
@@ -261,11 +271,11 @@ mod tests {
     fn spent_reports_the_exhausted_dimension() {
         assert_eq!(
             spent(usage(3, 0, 0), limits(Some(3), None, None)),
-            Some(Dimension::Calls)
+            Some(Misfit::OverLimit(Dimension::Calls))
         );
         assert_eq!(
             spent(usage(2, 10, 0), limits(Some(3), Some(10), None)),
-            Some(Dimension::Tokens)
+            Some(Misfit::OverLimit(Dimension::Tokens))
         );
         assert_eq!(spent(usage(2, 9, 0), limits(Some(3), Some(10), None)), None);
     }

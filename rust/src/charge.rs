@@ -19,8 +19,8 @@ pub enum Refusal {
     Budget,
     /// The task is not running (queued, parked or ended).
     NotRunning,
-    /// The caller's claim (`worker=`, `attempt=`) no longer runs the task:
-    /// what every other fenced write raises as `ClaimLost`.
+    /// The caller's claim (`worker=`, `attempt=`) is not the task's: another
+    /// claim holds it, or none (it went back to the queue).
     ClaimLost,
 }
 
@@ -94,23 +94,32 @@ pub fn charge(
     })
 }
 
-/// Where on the chain a charge does not fit, and in which dimension: the
-/// first limit it would pass (what an operator can grant), else the first
-/// unlimited counter that could not hold it. Every node is judged before
-/// anything is raised.
+/// Where on the chain a charge does not fit, and in which dimension. Every
+/// node is judged before anything is raised.
 fn first_misfit(
     chain: &[TaskRow],
     judged: &[std::result::Result<Usage, Misfit>],
 ) -> Option<(Dimension, String)> {
-    let at = |want_limit: bool| {
-        judged.iter().zip(chain).find_map(|(j, node)| match j {
-            Err(m) if matches!(m, Misfit::OverLimit(_)) == want_limit => {
-                Some((m.dimension(), node.id.clone()))
-            }
-            _ => None,
-        })
-    };
-    at(true).or_else(|| at(false))
+    named_first(chain, judged.iter().map(|j| j.err()))
+}
+
+/// Of each node's misfit (nearest first), the one an operator is shown: the
+/// first limit on the chain (what a grant can raise), else the first full
+/// unlimited counter.
+fn named_first(
+    chain: &[TaskRow],
+    misfits: impl Iterator<Item = Option<Misfit>>,
+) -> Option<(Dimension, String)> {
+    let found: Vec<(Misfit, &TaskRow)> = misfits
+        .zip(chain)
+        .filter_map(|(m, node)| m.map(|m| (m, node)))
+        .collect();
+    let limit = found
+        .iter()
+        .find(|(m, _)| matches!(m, Misfit::OverLimit(_)));
+    limit
+        .or_else(|| found.first())
+        .map(|(m, node)| (m.dimension(), node.id.clone()))
 }
 
 /// A charge that would pass `stop` (a dimension and the task whose limit
@@ -193,14 +202,14 @@ pub fn read(tx: &Transaction<'_>, id: &str) -> Result<Outcome> {
 }
 
 /// Why a charge to `task` is refused before its budget is looked at: a
-/// fenced caller whose claim no longer runs the task has lost it (as
-/// `Fence::status_refusal` judges every other fenced write); otherwise a
-/// task that is not running.
+/// fenced caller whose claim is not the task's own (another claim holds
+/// it, or none since it went back to the queue) has lost it; otherwise a
+/// task that is not running, ended or parked under the caller's own claim
+/// too (a cancel, a block, a reconcile): its status says which.
 fn state_refusal(task: &TaskRow, fence: &Fence) -> Option<Refusal> {
-    let running = task.status == TaskStatus::Running;
-    if fence.is_given() && !(running && fence.check(task).is_ok()) {
+    if fence.check(task).is_err() {
         Some(Refusal::ClaimLost)
-    } else if !running {
+    } else if task.status != TaskStatus::Running {
         Some(Refusal::NotRunning)
     } else {
         None
@@ -215,9 +224,12 @@ fn chain_of(tx: &Transaction<'_>, task: &TaskRow) -> Result<Vec<TaskRow>> {
         .collect())
 }
 
-/// The first limit already used up on the chain.
+/// What on the chain is used up, named as a charge's refusal names it.
 fn spent_on(chain: &[TaskRow]) -> Option<(Dimension, String)> {
-    chain
-        .iter()
-        .find_map(|node| budget::spent(node.usage, node.limits).map(|dim| (dim, node.id.clone())))
+    named_first(
+        chain,
+        chain
+            .iter()
+            .map(|node| budget::spent(node.usage, node.limits)),
+    )
 }
