@@ -43,9 +43,10 @@ input, conflict, busy, missing task), 3 internal error (or an answer that
 could not be written), 130 interrupted (Ctrl-C). Rejected arguments are never
 echoed back. Only init and create make a missing ledger: every other command
 refuses a missing or empty file. Input the arguments alone show to be bad
-writes nothing, not even a new file. close and delivery judge a reason code
-after the open, against the stored task, as the peer does; transition, block
-and escalate refuse one outside the registry before opening anything."""
+writes nothing, not even a new file. close, delivery and a transition to an
+ending status judge a reason code after the open, against the stored task, as
+the peer does; block, escalate and other transitions refuse one outside the
+registry before opening anything."""
 
 
 def build_parser() -> argparse.ArgumentParser:
