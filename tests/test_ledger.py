@@ -676,7 +676,7 @@ def test_an_open_that_may_not_create_refuses_an_empty_file(db_path: Path) -> Non
     """create=False refuses a path with no ledger, an existing empty file
     included (it once got a whole schema), and leaves it as it was."""
     db_path.touch(mode=0o644)
-    with pytest.raises(InvalidInput, match="holds no ledger yet"):
+    with pytest.raises(StateConflict, match="holds no ledger yet"):
         Ledger(db_path, create=False)
     assert db_path.stat().st_size == 0 and db_path.stat().st_mode & 0o777 == 0o644
     with Ledger(db_path) as ledger:  # a creating open makes it a ledger

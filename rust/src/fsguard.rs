@@ -269,8 +269,10 @@ fn is_single_regular(meta: &Metadata) -> bool {
     meta.file_type().is_file() && meta.nlink() == 1 && meta.ino() != 0
 }
 
-/// An open that may not create met a file that holds no ledger yet.
-pub const NO_LEDGER_YET: Error = Error::Invalid("database file holds no ledger yet");
+/// An open that may not create met a file that holds no ledger yet: a
+/// state of the file (the class a read-only open gives it, as the peer's
+/// does), where a path with no file at all is a bad argument.
+pub const NO_LEDGER_YET: Error = Error::Conflict("database file holds no ledger yet");
 
 /// Opens (creating when writable and `create`) the database file without
 /// following a link, checks it is one regular file with one name, sets mode 0600 (or,

@@ -181,9 +181,9 @@ fn open_checked(path: &DbPath, identity: Identity, max_bytes: u64) -> Result<(Le
         return Err(OVER_CAP);
     }
     if meta.size() == 0 {
-        // Not damage: nothing was ever written (the peer's class, the
-        // words a reading command without `--read-only` gives).
-        return Err(Error::Conflict("database file holds no ledger yet"));
+        // Not damage: nothing was ever written (the peer's class, and the
+        // refusal a writable open that may not create gives).
+        return Err(crate::fsguard::NO_LEDGER_YET);
     }
     Ok((file, meta))
 }
