@@ -554,3 +554,27 @@ def test_cancel_subtree(db_path: Path, tasks: list[str]) -> None:
     assert get(db_path, child)["status"] == "running"  # a plain cancel stops the task alone
     ok(db_path, "cancel", tasks[0], "--subtree")
     assert get(db_path, child)["status"] == "cancelled"
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 6, 7])
+def test_a_list_page_says_where_the_next_one_starts(
+    db_path: Path, tasks: list[str], limit: int
+) -> None:
+    """A full page gives its last id as ``next_after``; following it walks
+    every task once, and the walk ends on a page that says there is no
+    next one. A page's count alone ("tasks: 100") read as all there were."""
+    seen: list[str] = []
+    after: list[str] = []
+    while True:
+        page = ok(db_path, "list", "--limit", str(limit), *after)
+        seen += [t["id"] for t in page["tasks"]]
+        if page["next_after"] is None:
+            assert len(page["tasks"]) < limit
+            break
+        assert page["next_after"] == page["tasks"][-1]["id"]
+        after = ["--after", page["next_after"]]
+    assert seen == tasks
+    code, _, text = cli(db_path, "list", "--limit", "1", "--format", "text")
+    assert code == 0 and text.splitlines()[-1] == f"next page: --after {tasks[0]}"
+    _, _, last = cli(db_path, "list", "--format", "text")
+    assert "next page" not in last

@@ -144,6 +144,15 @@ def _claimed(task: Any) -> dict[str, Any]:
     return answer
 
 
+def _page(tasks: list[Any], limit: int) -> dict[str, Any]:
+    """A page of ``list``, with where the next one starts: the last id of a
+    full page (``--after`` for the next; it may be empty), ``None`` once a
+    page comes back short. "tasks: 100" alone read as all there were."""
+    answer = _tasks(tasks)
+    answer["next_after"] = tasks[-1].id if tasks and len(tasks) == limit else None
+    return answer
+
+
 def _claimed_next(tasks: list[Any], tenant: str | None) -> dict[str, Any]:
     """``claim-next``'s answer; in text, an empty claim says why."""
     answer = _tasks(tasks)
@@ -213,7 +222,7 @@ _RUNS: dict[str, Run] = {
     "escalate": _park,
     "requeue": lambda a, lg: task_answer(lg.requeue(a.task_id)),
     "cancel": lambda a, lg: task_answer(lg.cancel(a.task_id, subtree=a.subtree)),
-    "list": lambda a, lg: _tasks(
+    "list": lambda a, lg: _page(
         lg.list_tasks(
             status=a.status,
             tenant=a.tenant,
@@ -221,7 +230,8 @@ _RUNS: dict[str, Run] = {
             parent_id=a.parent_id,
             limit=a.limit,
             after=a.after,
-        )
+        ),
+        a.limit,
     ),
 }
 

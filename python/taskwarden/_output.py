@@ -111,6 +111,11 @@ def _text(payload: dict[str, Any]) -> list[str]:
     body = {k: v for k, v in payload.items() if k != "ok"}
     lines: list[str] = []
     for key, value in body.items():
+        if key == "next_after":
+            # A person is told how to ask for the next page, only if full.
+            if value is not None:
+                lines.append(f"next page: --after {value}")
+            continue
         if isinstance(value, list) and all(isinstance(v, dict) for v in value):
             lines.append(f"{key}: {len(value)}")
             if value:
