@@ -184,7 +184,9 @@ class Ledger:
         """Create a queued task, or return it unchanged when the same id is
         created again with the same immutable fields (parent, payload hash,
         timeout, delivery, tenant, max_attempts; budget limits are not
-        compared, ``grant`` raises them)."""
+        compared, ``grant`` raises them). A task's limits bound its whole
+        subtree, the default 25 calls included: give a parent the limits
+        its children need together (``None`` is unlimited)."""
         return self._core.create_task(
             task_id=task_id,
             parent_id=parent_id,
