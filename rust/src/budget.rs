@@ -110,25 +110,36 @@ pub fn raise(limits: Limits, grant: Usage) -> Result<Limits> {
     })
 }
 
-/// What nothing more can be charged of: the first dimension already at its
-/// limit, else the first unlimited one whose counter is full.
+/// What nothing more can be charged of: the first dimension where one
+/// more unit would not fit ([`add`]'s judgement), a limit before a full
+/// unlimited counter.
 #[must_use]
 pub fn spent(used: Usage, limits: Limits) -> Option<Misfit> {
-    let dims = [
-        (Dimension::Calls, used.calls, limits.calls),
-        (Dimension::Tokens, used.tokens, limits.tokens),
-        (Dimension::Cost, used.cost_micros, limits.cost_micros),
-    ];
-    let at_limit = dims
-        .iter()
-        .find(|(_, u, l)| l.is_some_and(|l| *u >= l))
-        .map(|(d, _, _)| Misfit::OverLimit(*d));
-    let full = || {
-        dims.iter()
-            .find(|(_, u, l)| l.is_none() && *u == i64::MAX)
-            .map(|(d, _, _)| Misfit::CounterFull(*d))
+    let unit = |calls, tokens, cost_micros| Usage {
+        calls,
+        tokens,
+        cost_micros,
     };
-    at_limit.or_else(full)
+    let misfits = [unit(1, 0, 0), unit(0, 1, 0), unit(0, 0, 1)]
+        .map(|one| add(used, limits, one).err())
+        .into_iter()
+        .flatten()
+        .map(|misfit| (misfit, ()));
+    named_first(misfits).map(|(misfit, ())| misfit)
+}
+
+/// Of misfits in order (each with where it was found), the one an operator
+/// is shown: the first passed limit (what a grant can raise), else the
+/// first full unlimited counter.
+pub fn named_first<T>(misfits: impl Iterator<Item = (Misfit, T)>) -> Option<(Misfit, T)> {
+    let mut first = None;
+    for found in misfits {
+        if matches!(found.0, Misfit::OverLimit(_)) {
+            return Some(found);
+        }
+        first.get_or_insert(found);
+    }
+    first
 }
 
 /// What is left of each limited dimension (`Charge.*_remaining`): the

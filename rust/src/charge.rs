@@ -100,26 +100,19 @@ fn first_misfit(
     chain: &[TaskRow],
     judged: &[std::result::Result<Usage, Misfit>],
 ) -> Option<(Dimension, String)> {
-    named_first(chain, judged.iter().map(|j| j.err()))
+    named_on_chain(chain, judged.iter().map(|j| j.err()))
 }
 
-/// Of each node's misfit (nearest first), the one an operator is shown: the
-/// first limit on the chain (what a grant can raise), else the first full
-/// unlimited counter.
-fn named_first(
+/// Each node's misfit (nearest first), named as an operator is shown it
+/// (see [`budget::named_first`]), with the task it was found on.
+fn named_on_chain(
     chain: &[TaskRow],
     misfits: impl Iterator<Item = Option<Misfit>>,
 ) -> Option<(Dimension, String)> {
-    let found: Vec<(Misfit, &TaskRow)> = misfits
+    let found = misfits
         .zip(chain)
-        .filter_map(|(m, node)| m.map(|m| (m, node)))
-        .collect();
-    let limit = found
-        .iter()
-        .find(|(m, _)| matches!(m, Misfit::OverLimit(_)));
-    limit
-        .or_else(|| found.first())
-        .map(|(m, node)| (m.dimension(), node.id.clone()))
+        .filter_map(|(misfit, node)| misfit.map(|m| (m, node)));
+    budget::named_first(found).map(|(misfit, node)| (misfit.dimension(), node.id.clone()))
 }
 
 /// A charge that would pass `stop` (a dimension and the task whose limit
@@ -226,7 +219,7 @@ fn chain_of(tx: &Transaction<'_>, task: &TaskRow) -> Result<Vec<TaskRow>> {
 
 /// What on the chain is used up, named as a charge's refusal names it.
 fn spent_on(chain: &[TaskRow]) -> Option<(Dimension, String)> {
-    named_first(
+    named_on_chain(
         chain,
         chain
             .iter()
